@@ -1,0 +1,78 @@
+"""Backend resolution: a name -> the module implementing the kernel primitives of SPEC §4.
+
+=============  ======================================================  ==================
+backend        implementation (srot_fast.kernels.*)                    memory
+=============  ======================================================  ==================
+tensorized     torch, dense N x M (reference; exact; small problems)   O(N M)
+cpu            C++/OpenMP streaming LSE built on first use; blocked     O((N + M) D)
+               torch fallback without a compiler
+keops          pykeops LazyTensor reductions (CPU and CUDA)             O((N + M) D)
+triton         hand-written Triton kernels (CUDA; TRITON_INTERPRET=1)   O((N + M) D)
+=============  ======================================================  ==================
+
+Optional backends are imported lazily, on first use, never at ``import srot_fast``. An explicitly
+requested backend that is not installed raises ``ImportError`` naming the extra to install;
+``"auto"`` picks among what is available (see :func:`resolve_backend`).
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from types import ModuleType
+
+__all__ = ["BACKENDS", "available_backends", "get_ops", "resolve_backend"]
+
+BACKENDS = ("tensorized", "cpu", "keops", "triton")
+
+# backend name -> (module of srot_fast.kernels, python package it needs, pip extra)
+_IMPL = {
+    "tensorized": ("tensorized", None, None),
+    "cpu": ("cpu_ops", None, None),
+    "keops": ("keops_ops", "pykeops", "srot_fast[keops]"),
+    "triton": ("triton_softmin", "triton", "srot_fast[triton]"),
+}
+_SMALL = 1 << 12  # N * M below which 'auto' keeps the dense reference on CPU (launch overheads dominate)
+
+
+def _installed(package) -> bool:
+    return package is None or importlib.util.find_spec(package) is not None
+
+
+def available_backends() -> list[str]:
+    """Backends whose Python package is installed (the 'cpu' one always is: it has a torch fallback)."""
+    return [n for n, (_, pkg, _) in _IMPL.items() if _installed(pkg)]
+
+
+def _is_cuda(device) -> bool:
+    return getattr(device, "type", str(device)) == "cuda"
+
+
+def resolve_backend(name: str, n: int, m: int, device) -> str:
+    """Concrete backend for ``name`` in {'auto', 'tensorized', 'cpu', 'keops', 'triton'}.
+
+    'auto': on CUDA, 'triton' if installed, else 'keops', else 'tensorized'; on CPU, 'tensorized'
+    for N * M < 4096 and 'cpu' above (the compiled kernel when a C++ compiler is present).
+    """
+    if name == "auto":
+        if _is_cuda(device):
+            for cand in ("triton", "keops"):
+                if _installed(_IMPL[cand][1]):
+                    return cand
+            return "tensorized"
+        return "tensorized" if n * m < _SMALL else "cpu"
+    if name not in _IMPL:
+        raise ValueError(f"backend must be 'auto' or one of {BACKENDS}, got {name!r}")
+    _, pkg, extra = _IMPL[name]
+    if not _installed(pkg):
+        raise ImportError(f"backend={name!r} needs the package {pkg!r}: pip install '{extra}'")
+    if name == "triton" and not _is_cuda(device) and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("backend='triton' needs CUDA tensors (set TRITON_INTERPRET=1 only to test on CPU)")
+    if name == "cpu" and _is_cuda(device):
+        raise ValueError("backend='cpu' needs CPU tensors; use 'triton', 'keops' or 'auto' on CUDA")
+    return name
+
+
+def get_ops(name: str) -> ModuleType:
+    """The primitives module (softmin, weighted_mean, plan_argmax, max_cost) of a concrete backend."""
+    return importlib.import_module(f"srot_fast.kernels.{_IMPL[name][0]}")
