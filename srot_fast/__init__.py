@@ -8,7 +8,7 @@ Public API:
     available_backends
 """
 from .backends import available_backends
-from .sinkhorn import SinkhornResult, sinkhorn
+from .sinkhorn import ConvergenceWarning, SinkhornResult, sinkhorn
 from .weights import hard_weights, outlier_masks, soft_offsets
 
 __version__ = "0.1.0"
@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 __all__ = [
     "sinkhorn",
     "SinkhornResult",
+    "ConvergenceWarning",
     "SROTLoss",
     "OutlierDetector",
     "hard_weights",

@@ -14,6 +14,7 @@ the iterations): d/dx_i = sum_j pi_ij grad_x C(x_i, y_j), d/da_i = phi_a(f_i) - 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
@@ -24,7 +25,11 @@ from .backends import get_ops, resolve_backend
 from .geometry import Geometry, PartialGeometry, bbox_diameter
 from .penalties import Penalty
 
-__all__ = ["sinkhorn", "SinkhornResult", "epsilon_schedule"]
+__all__ = ["sinkhorn", "SinkhornResult", "epsilon_schedule", "ConvergenceWarning"]
+
+
+class ConvergenceWarning(UserWarning):
+    """Sinkhorn stopped at ``max_iter`` before reaching ``tol``."""
 
 
 def epsilon_schedule(p: int, diam: float, blur: float, scaling: float) -> list[float]:
@@ -70,25 +75,30 @@ def _sinkhorn_loop(geom, log_a, log_b, a, pen_a: Penalty, pen_b: Penalty,
             f, g = 0.5 * (f + ft), 0.5 * (g + gt)
         n_iter = len(eps_list)
     mass_a = float(a.sum())
-    err = math.inf
-    while True:  # at the target eps: alternating updates (g exact after each step)
-        s = geom.softmin_x(log_b + g / eps, eps)
+    t = None
+    s = geom.softmin_x(log_b + g / eps, eps)
+    while True:  # at the target eps: alternating updates; (f, g, s, t) stay mutually consistent
         err = float(_marginal_error(a, f, s, pen_a, eps)) / mass_a
-        if err <= tol or n_iter >= max_iter or not math.isfinite(err):
+        if err <= tol or n_iter >= max_iter:
             break
         f = pen_a.aprox(s, eps)
         t = geom.softmin_y(log_a + f / eps, eps)
         g = pen_b.aprox(t, eps)
+        s = geom.softmin_x(log_b + g / eps, eps)
         n_iter += 1
-    t = geom.softmin_y(log_a + f / eps, eps)
-    g = pen_b.aprox(t, eps)
-    s = geom.softmin_x(log_b + g / eps, eps)
-    err = float(_marginal_error(a, f, s, pen_a, eps)) / mass_a
-    if not (torch.isfinite(f).all() and torch.isfinite(g).all()):
+    if t is None:  # no alternating update ran: make g exact for f
+        t = geom.softmin_y(log_a + f / eps, eps)
+        g = pen_b.aprox(t, eps)
+        s = geom.softmin_x(log_b + g / eps, eps)
+        err = float(_marginal_error(a, f, s, pen_a, eps)) / mass_a
+    if not (torch.isfinite(f).all() and torch.isfinite(g).all() and math.isfinite(err)):
         raise FloatingPointError(
             "Sinkhorn produced non-finite potentials; eps may be too small for this dtype "
             "(try float64 or a larger blur)"
         )
+    if err > tol:
+        warnings.warn(f"Sinkhorn stopped at max_iter={max_iter} with relative marginal error {err:.2e} > "
+                      f"tol={tol:g}; raise max_iter, eps (blur) or tol", ConvergenceWarning, stacklevel=3)
     return _Solution(f, g, s, t, n_iter, err)
 
 
