@@ -48,6 +48,9 @@ class SROTLoss(nn.Module):
             to the call.
         ce_floor: smallest cross-entropy in the soft offsets (offsets <= gamma / ce_floor).
         tol, max_iter: Sinkhorn stopping rule (relative L1 marginal error) and cap.
+        warm_start: start each call from the previous call's potentials when the shapes match
+            (gradient flows, where consecutive problems are close); skips eps-scaling. Call
+            ``reset()`` to forget them. Off by default (unrelated batches gain nothing).
 
     After a call, ``last_result`` holds the :class:`SinkhornResult` of the (last) cross problem,
     e.g. to read ``n_iter``, ``backend`` or ``row_mass``.
@@ -61,7 +64,7 @@ class SROTLoss(nn.Module):
                  scaling: float = 0.5, debias: bool = False, potentials: bool = False, backend: str = "auto",
                  strategy: Optional[str] = None, penalty: str = "kl", mass: Optional[float] = None,
                  tol: float = 1e-4, max_iter: int = 1000, gamma: Optional[float] = None,
-                 detector=None, ce_floor: float = 1e-6):
+                 detector=None, ce_floor: float = 1e-6, warm_start: bool = False):
         super().__init__()
         self.p = _checks.check_p(p)
         self.blur = _checks.check_positive(blur, "blur")
@@ -97,7 +100,13 @@ class SROTLoss(nn.Module):
         self.debias, self.potentials, self.backend = bool(debias), bool(potentials), backend
         self.strategy, self.detector = strategy, detector
         self.tol, self.max_iter = tol, max_iter
+        self.warm_start = bool(warm_start)
         self.last_result: Optional[SinkhornResult] = None
+        self._warm: dict = {}  # batch index -> (f, g) of the previous call
+
+    def reset(self) -> None:
+        """Forget the potentials kept for ``warm_start``."""
+        self._warm.clear()
 
     def extra_repr(self) -> str:
         return (f"p={self.p}, blur={self.blur}, penalty={self.penalty!r}, tau={self.tau}, mass={self.mass}, "
@@ -118,9 +127,9 @@ class SROTLoss(nn.Module):
         b = _checks.check_weights(b, y, "b")
         s_x, s_y = self._scores(x, y, scores)
         if x.dim() == 2:
-            return self._single(a, x, b, y, s_x, s_y)
+            return self._single(a, x, b, y, s_x, s_y, 0)
         outs = [self._single(a[k], x[k], b[k], y[k], None if s_x is None else s_x[k],
-                             None if s_y is None else s_y[k]) for k in range(x.shape[0])]
+                             None if s_y is None else s_y[k], k) for k in range(x.shape[0])]
         if self.potentials:
             return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
         return torch.stack(outs)
@@ -146,12 +155,12 @@ class SROTLoss(nn.Module):
                                  f"point), got {tuple(s.shape) if torch.is_tensor(s) else type(s).__name__}")
         return s_x.detach().to(x.dtype), s_y.detach().to(y.dtype)
 
-    def _solve(self, x, y, a, b, u, v, diam):
+    def _solve(self, x, y, a, b, u, v, diam, init=None):
         return sinkhorn(x, y, a, b, p=self.p, eps=self.eps, penalty=self.penalty, tau=self.tau, mass=self.mass,
                         u=u, v=v, scaling=self.scaling, diameter=diam, tol=self.tol, max_iter=self.max_iter,
-                        backend=self.backend)
+                        backend=self.backend, init=init)
 
-    def _single(self, a, x, b, y, s_x, s_y):
+    def _single(self, a, x, b, y, s_x, s_y, k):
         u = v = None
         if self.strategy == "hard":
             a, b = hard_weights(a, s_x, b, s_y)
@@ -162,7 +171,15 @@ class SROTLoss(nn.Module):
                 gamma = float(ops.max_cost(x.detach(), y.detach(), self.p)) or 1.0
             u, v = soft_offsets(s_x, s_y, gamma, self.ce_floor)
         diam = self.diameter if self.diameter is not None else bbox_diameter(x.detach(), y.detach())
-        res = self._solve(x, y, a, b, u, v, diam)
+        init = None
+        if self.warm_start:
+            prev = self._warm.get(k)
+            if prev is not None and prev[0].shape == a.shape and prev[1].shape == b.shape \
+                    and prev[0].dtype == a.dtype and prev[0].device == a.device:
+                init = prev
+        res = self._solve(x, y, a, b, u, v, diam, init)
+        if self.warm_start:
+            self._warm[k] = (res.f.detach(), res.g.detach())
         self.last_result = res
         if not self.debias:
             return (res.f, res.g) if self.potentials else res.value
