@@ -35,7 +35,8 @@ class SROTLoss(nn.Module):
         p: 1 (cost |x - y|, the paper's choice) or 2 (cost |x - y|^2 / 2).
         blur: eps = blur**p, the entropic regularisation (blur in data units).
         reach: None (balanced OT), a number, or a pair (reach_a, reach_b); tau = reach**p.
-        penalty: 'kl' (unbalanced OT) or 'tv' (partial-like), used when reach is set.
+        penalty: 'kl' (unbalanced OT) or 'tv' (partial-like), used when reach is set; 'balanced'
+            (or reach=None) for hard marginals.
         mass: transport only this mass (entropic partial OT); needs reach None.
         diameter, scaling: eps-scaling from diameter**p down to eps by factors scaling**p.
         debias: subtract the self-transport terms (Sinkhorn divergence, Séjourné et al.); off by default.
@@ -69,11 +70,13 @@ class SROTLoss(nn.Module):
         self.p = _checks.check_p(p)
         self.blur = _checks.check_positive(blur, "blur")
         self.eps = self.blur**self.p
-        if reach is None:
+        if penalty not in ("kl", "tv", "balanced"):
+            raise ValueError(f"penalty must be 'kl', 'tv' (with reach) or 'balanced', got {penalty!r}")
+        if reach is None or penalty == "balanced":
+            if reach is not None:
+                raise ValueError("penalty='balanced' takes no reach; set reach=None")
             self.penalty, self.tau = "balanced", None
         else:
-            if penalty not in ("kl", "tv"):
-                raise ValueError(f"penalty must be 'kl' or 'tv' when reach is set, got {penalty!r}")
             ra, rb = _checks.pair_of(reach, "reach")
             self.penalty, self.tau = penalty, (ra**self.p, rb**self.p)
         if mass is not None:
@@ -136,6 +139,9 @@ class SROTLoss(nn.Module):
 
     def _scores(self, x, y, scores):
         if self.strategy is None:
+            if scores is not None:
+                warnings.warn("scores are ignored with strategy=None; set strategy='hard' or 'soft'",
+                              UserWarning, stacklevel=3)
             return None, None
         if scores is None:
             if self.detector is None:

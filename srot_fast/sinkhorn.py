@@ -56,6 +56,17 @@ def _marginal_error(w, f, s, pen: Penalty, eps: float) -> torch.Tensor:
     return (w * (torch.exp((f - s) / eps) - torch.exp((pen.aprox(s, eps) - s) / eps)).abs()).sum()
 
 
+def _check_finite(f, g, err, tol, max_iter):
+    if not (torch.isfinite(f).all() and torch.isfinite(g).all() and math.isfinite(err)):
+        raise FloatingPointError(
+            "Sinkhorn produced non-finite potentials; eps may be too small for this dtype "
+            "(try float64 or a larger blur)"
+        )
+    if err > tol:
+        warnings.warn(f"Sinkhorn stopped at max_iter={max_iter} with relative marginal error {err:.2e} > "
+                      f"tol={tol:g}; raise max_iter, eps (blur) or tol", ConvergenceWarning, stacklevel=4)
+
+
 def _sinkhorn_loop(geom, log_a, log_b, a, pen_a: Penalty, pen_b: Penalty,
                    eps_list: Sequence[float], tol: float, max_iter: int, init=None) -> _Solution:
     """Symmetric averaged updates along ``eps_list``, then alternating updates at the last eps until
@@ -91,15 +102,34 @@ def _sinkhorn_loop(geom, log_a, log_b, a, pen_a: Penalty, pen_b: Penalty,
         g = pen_b.aprox(t, eps)
         s = geom.softmin_x(log_b + g / eps, eps)
         err = float(_marginal_error(a, f, s, pen_a, eps)) / mass_a
-    if not (torch.isfinite(f).all() and torch.isfinite(g).all() and math.isfinite(err)):
-        raise FloatingPointError(
-            "Sinkhorn produced non-finite potentials; eps may be too small for this dtype "
-            "(try float64 or a larger blur)"
-        )
-    if err > tol:
-        warnings.warn(f"Sinkhorn stopped at max_iter={max_iter} with relative marginal error {err:.2e} > "
-                      f"tol={tol:g}; raise max_iter, eps (blur) or tol", ConvergenceWarning, stacklevel=3)
+    _check_finite(f, g, err, tol, max_iter)
     return _Solution(f, g, s, t, n_iter, err)
+
+
+def _symmetric_loop(geom, log_a, a, pen: Penalty, eps_list: Sequence[float], tol: float, max_iter: int,
+                    init=None) -> _Solution:
+    """Self-transport OT(a, a) (x = y, u = v): the optimal f equals g, and the averaged update
+    f <- (f + A(S(f))) / 2 converges fast even where alternating updates crawl (isolated points)."""
+    if init is not None:
+        eps_list = eps_list[-1:]
+        f = init[0]
+    else:
+        f = pen.aprox(geom.softmin_x(log_a, eps_list[0]), eps_list[0])
+    n_iter = 0
+    for eps in eps_list[:-1]:
+        f = 0.5 * (f + pen.aprox(geom.softmin_x(log_a + f / eps, eps), eps))
+        n_iter += 1
+    eps = eps_list[-1]
+    mass_a = float(a.sum())
+    while True:
+        s = geom.softmin_x(log_a + f / eps, eps)
+        err = float(_marginal_error(a, f, s, pen, eps)) / mass_a
+        if err <= tol or n_iter >= max_iter:
+            break
+        f = 0.5 * (f + pen.aprox(s, eps))
+        n_iter += 1
+    _check_finite(f, f, err, tol, max_iter)
+    return _Solution(f, f, s, s, n_iter, err)
 
 
 class _EnvelopeValue(torch.autograd.Function):
@@ -331,7 +361,10 @@ def sinkhorn(
                     f"balanced OT needs a and b of equal total mass, got {mass_a:.6g} and {mass_b:.6g}; "
                     "normalise them or use penalty='kl'/'tv'"
                 )
-            sol = _sinkhorn_loop(geom, ad.log(), bd.log(), ad, pen_a, pen_b, eps_list, tol, max_iter, init)
+            if x is y and a is b and u is v and tau_a == tau_b:  # self-transport (debiasing terms)
+                sol = _symmetric_loop(geom, ad.log(), ad, pen_a, eps_list, tol, max_iter, init)
+            else:
+                sol = _sinkhorn_loop(geom, ad.log(), bd.log(), ad, pen_a, pen_b, eps_list, tol, max_iter, init)
             value, ga, gb = _dual_value(ad, bd, sol.f, sol.g, sol.s, sol.t, pen_a, pen_b, eps)
             f, g, s_real, t_real = sol.f, sol.g, sol.s, sol.t
         row_mass = ad * torch.exp((f - s_real) / eps)
