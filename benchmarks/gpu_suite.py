@@ -1,0 +1,375 @@
+"""One script for a CUDA machine (issue 3, item 5): GPU tests, primitive and SROTLoss benchmarks, the
+large-d Triton path, flash-sinkhorn, and a 100k-point 2-D gradient flow; one JSON results file.
+
+Sections (``--sections``, comma-separated; all by default), each with its own wall-time budget, each
+recorded even when it fails (its traceback goes in the file), the file rewritten after every section so
+that a run cut short still leaves what it measured:
+
+- ``env``:        device, driver-visible name, versions (torch, triton, pykeops, geomloss, POT,
+                  flash-sinkhorn), date, commit;
+- ``tests``:      ``pytest tests -m "gpu or triton or keops"`` (on CUDA the Triton tests compile for the GPU);
+- ``primitives``: ``benchmarks/bench_primitives.py`` (softmin pairs/s: triton, keops, raw KeOps, tensorized)
+                  on n = m in ``--prim-sizes``;
+- ``large_d``:    Triton softmin / weighted_mean with the tl.dot path at d in {64, 3072, 12288} against the
+                  dense torch formula (fp32, TF32 disabled), with the max error to a float64 reference;
+- ``sinkhorn``:   ``benchmarks/bench_sinkhorn.py`` (SROTLoss soft KL p = 1 loss + gradient vs GeomLoss online /
+                  tensorized and POT, equal iterations) on n = m in ``--sinkhorn-sizes``;
+- ``flash``:      p = 2, d = 64, n = m = ``--flash-n`` (50k): SROTLoss(backend='triton') loss + gradient vs
+                  ``flash_sinkhorn.SamplesLoss`` (same blur, scaling, debias off, half cost; TF32 off and,
+                  separately, its default TF32 on) -- skipped with the reason when not importable;
+- ``flow``:       a 2-D gradient flow of ``--flow-n`` (100k) points for ``--flow-steps`` (400) steps of
+                  x <- x - lr * grad / a with SROTLoss(p=2, blur=0.05); stops at its budget and extrapolates.
+
+``--dry-run``: everything on the CPU at tiny sizes (Triton under ``TRITON_INTERPRET=1``, test and benchmark
+subsets), to check that the script works end to end without a GPU: ~2-4 minutes on 2 cores.
+
+On a device machine that cannot reach PyPI, flash-sinkhorn is installed from a wheel carried along:
+``pip download flash-sinkhorn --no-deps -d benchmarks/wheels`` here, then ``--wheels benchmarks/wheels``.
+
+Run: ``python benchmarks/gpu_suite.py --out results/gpu_suite.json`` (GPU) or
+``python benchmarks/gpu_suite.py --dry-run --out /tmp/gpu_suite_dry.json``. With the default budgets all
+sections take up to ~13 minutes; to fit 10-minute device calls, run two:
+``--sections env,tests,large_d,flash,flow`` (~8 min) and ``--sections env,primitives,sinkhorn`` (~7 min).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import glob
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SECTIONS = ["env", "tests", "primitives", "large_d", "sinkhorn", "flash", "flow"]
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _version(mod: str):
+    try:
+        return __import__(mod).__version__
+    except Exception as e:  # noqa: BLE001 - any import failure is a result here
+        return f"not importable ({type(e).__name__})"
+
+
+def _sync():
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _timeit(fn, *, min_rounds=3, max_rounds=20, target_s=2.0, budget_s=60.0) -> dict:
+    """Median wall time of ``fn()`` (synchronised) after one warm-up call (compilation)."""
+    t0 = time.perf_counter()
+    fn()
+    _sync()
+    first = time.perf_counter() - t0
+    times = []
+    start = time.perf_counter()
+    while len(times) < max_rounds:
+        t = time.perf_counter()
+        fn()
+        _sync()
+        times.append(time.perf_counter() - t)
+        spent = time.perf_counter() - start
+        if len(times) >= min_rounds and (spent > target_s or spent > budget_s):
+            break
+        if spent > budget_s:
+            break
+    times.sort()
+    return dict(median_s=times[len(times) // 2], min_s=times[0], rounds=len(times), first_call_s=first)
+
+
+def _run(cmd, env=None, timeout=600) -> dict:
+    t = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        out = proc.stdout + proc.stderr
+        rc = proc.returncode
+    except subprocess.TimeoutExpired as e:
+        out = ((e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""))
+        rc = "timeout"
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    summary = next((ln for ln in reversed(lines) if " passed" in ln or " failed" in ln or " error" in ln), None)
+    return dict(cmd=" ".join(cmd), returncode=rc, seconds=round(time.perf_counter() - t, 1), summary=summary,
+                tail="\n".join(lines[-40:]))
+
+
+def _bench_rows(path: str) -> list:
+    """Compact rows from a pytest-benchmark JSON file."""
+    with open(path) as f:
+        data = json.load(f)
+    rows = []
+    for b in data.get("benchmarks", []):
+        row = dict(name=b["name"], median_s=b["stats"]["median"], rounds=b["stats"]["rounds"])
+        row.update({k: v for k, v in b.get("extra_info", {}).items() if not isinstance(v, (list, dict))})
+        rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------------------------- sections
+def section_env(args) -> dict:
+    import torch
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    return dict(
+        date=_now(), dry_run=args.dry_run, python=platform.python_version(), platform=platform.platform(),
+        cpu=platform.processor() or platform.machine(), cpu_count=os.cpu_count(),
+        cuda=torch.cuda.is_available(), device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        cuda_version=torch.version.cuda, torch=torch.__version__,
+        **{m: _version(m) for m in ("triton", "pykeops", "geomloss", "ot", "flash_sinkhorn", "srot_fast")},
+        commit=commit or None, triton_interpret=os.environ.get("TRITON_INTERPRET"),
+    )
+
+
+def section_tests(args) -> dict:
+    cmd = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-m", "gpu or triton or keops"]
+    if args.dry_run:
+        cmd = [sys.executable, "-m", "pytest", "tests/test_kernels.py", "-q", "-p", "no:cacheprovider",
+               "-m", "gpu or triton", "-k", "dot_path"]
+    return _run(cmd, timeout=args.budget_tests)
+
+
+def _bench(args, file: str, sizes: str, kfilter: str | None, budget: float) -> dict:
+    out = Path(args.workdir) / f"{Path(file).stem}.json"
+    env = dict(os.environ, SROT_BENCH_SIZES=sizes)
+    cmd = [sys.executable, "-m", "pytest", file, "-q", "-p", "no:cacheprovider", "--benchmark-only",
+           f"--benchmark-json={out}"]
+    if kfilter:
+        cmd += ["-k", kfilter]
+    res = _run(cmd, env=env, timeout=budget)
+    if out.exists():
+        res["rows"] = _bench_rows(str(out))
+    return res
+
+
+def section_primitives(args) -> dict:
+    kf = "not keops" if args.dry_run else None  # dry run: no KeOps compiles
+    return _bench(args, "benchmarks/bench_primitives.py", args.prim_sizes, kf, args.budget_bench)
+
+
+def section_sinkhorn(args) -> dict:
+    kf = "not keops and not online" if args.dry_run else None
+    return _bench(args, "benchmarks/bench_sinkhorn.py", args.sinkhorn_sizes, kf, args.budget_bench)
+
+
+def section_large_d(args) -> dict:
+    """Triton tl.dot path at large d vs the dense torch formula (TF32 off), errors vs float64."""
+    import torch
+    from srot_fast.kernels import tensorized as ref
+    from srot_fast.kernels import triton_softmin as tri
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    n, dims = (64, [64, 300]) if args.dry_run else (args.large_d_n, [64, 3072, 12288])
+    rows = []
+    g = torch.Generator().manual_seed(0)
+    for d in dims:
+        x = torch.rand(n, d, generator=g).to(device)  # image-like values in [0, 1]
+        y = torch.rand(n, d, generator=g).to(device)
+        scale = float(ref.max_cost(x[:256].double(), y[:256].double(), 2))
+        eps = 0.05 * scale
+        h = torch.full((n,), -math.log(n), device=device)
+        exp64 = ref.softmin(x[:256].double(), y.double(), h.double(), eps, 2)
+        for name, fn in (("triton", functools.partial(tri.softmin, x, y, h, eps, 2)),
+                         ("tensorized", functools.partial(ref.softmin, x, y, h, eps, 2))):
+            row = dict(primitive="softmin", backend=name, n=n, m=n, d=d, p=2)
+            try:
+                row.update(_timeit(fn, budget_s=args.budget_large_d / 8))
+                row["pairs_per_s"] = n * n / row["median_s"]
+                row["max_rel_err_vs_f64"] = float(((fn()[:256].double() - exp64).abs() / exp64.abs()).max())
+            except Exception as e:  # noqa: BLE001 - OOM etc. is a result
+                row["error"] = f"{type(e).__name__}: {e}"[:500]
+            rows.append(row)
+        row = dict(primitive="weighted_mean_grad", backend="triton", n=n, m=n, d=d, p=1)
+        try:
+            fn = functools.partial(tri.weighted_mean, x, y, h, eps, 1, "grad")
+            row.update(_timeit(fn, budget_s=args.budget_large_d / 8))
+            row["pairs_per_s"] = n * n / row["median_s"]
+            want = ref.weighted_mean(x[:64].double(), y.double(), h.double(), eps, 1, "grad")
+            row["max_abs_err_vs_f64"] = float((fn()[:64].double() - want).abs().max())
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {e}"[:500]
+        rows.append(row)
+    return dict(rows=rows)
+
+
+def _install_wheels(args) -> str | None:
+    if not args.wheels:
+        return None
+    wheels = sorted(glob.glob(str(Path(args.wheels) / "flash_sinkhorn-*.whl")))
+    if not wheels:
+        return f"no flash_sinkhorn wheel in {args.wheels}"
+    res = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", wheels[-1]],
+                         capture_output=True, text=True)
+    return f"pip install {Path(wheels[-1]).name}: rc={res.returncode}"
+
+
+def _srot_loss_grad(loss, x0, y):
+    import torch
+
+    def run():
+        x = x0.clone().requires_grad_()
+        value = loss(x, y)
+        (grad,) = torch.autograd.grad(value, x)
+        return value.detach(), grad
+
+    return run
+
+
+def section_flash(args) -> dict:
+    """p = 2, d = 64: SROTLoss on Triton vs flash-sinkhorn, loss + gradient, same eps schedule."""
+    import warnings
+
+    import torch
+
+    from srot_fast.geometry import bbox_diameter
+    from srot_fast.loss import SROTLoss
+    from srot_fast.sinkhorn import epsilon_schedule
+
+    res = dict(install=_install_wheels(args))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    n, d, blur = (256 if args.dry_run else args.flash_n), 64, 0.05
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(n, d, generator=g) / math.sqrt(d)).to(device)
+    y = (torch.randn(n, d, generator=g) / math.sqrt(d) + 0.1).to(device)
+    diam = bbox_diameter(x, y)
+    iters = len(epsilon_schedule(2, diam, blur, 0.5)) + 1
+    backend = "triton" if device == "cuda" or os.environ.get("TRITON_INTERPRET") == "1" else "cpu"
+    if args.dry_run:
+        backend = "cpu"  # the interpreter at d = 64 is minutes per solve
+    loss = SROTLoss(p=2, blur=blur, scaling=0.5, diameter=diam, backend=backend, tol=1e-30, max_iter=iters)
+    res.update(n=n, d=d, blur=blur, updates=iters, srot_backend=backend)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res["srot"] = _timeit(_srot_loss_grad(loss, x, y), budget_s=args.budget_flash / 3)
+        res["srot"]["n_iter"] = loss.last_result.n_iter
+        res["srot"]["value"] = float(loss(x, y))
+    try:
+        import flash_sinkhorn
+    except Exception as e:  # noqa: BLE001
+        res["flash_sinkhorn"] = f"not importable: {type(e).__name__}: {e}"[:300]
+        return res
+    res["flash_sinkhorn_version"] = getattr(flash_sinkhorn, "__version__", None)
+    for tf32 in (False, True):
+        key = f"flash_sinkhorn_tf32_{'on' if tf32 else 'off'}"
+        try:
+            fl = flash_sinkhorn.SamplesLoss("sinkhorn", p=2, blur=blur, scaling=0.5, debias=False, half_cost=True,
+                                            diameter=diam, allow_tf32=tf32)
+            res[key] = _timeit(_srot_loss_grad(fl, x, y), budget_s=args.budget_flash / 3)
+            res[key]["value"] = float(fl(x, y))
+        except Exception as e:  # noqa: BLE001
+            res[key] = f"{type(e).__name__}: {e}"[:500]
+    if isinstance(res.get("flash_sinkhorn_tf32_off"), dict):
+        res["srot_over_flash_time_ratio"] = res["srot"]["median_s"] / res["flash_sinkhorn_tf32_off"]["median_s"]
+    return res
+
+
+def section_flow(args) -> dict:
+    """x <- x - lr * grad_x L / a_i for ``flow_steps`` steps, SROTLoss(p=2, blur=0.05) on 'auto', GeomLoss's
+    iteration budget per step (eps-scaling + 1 update, ``max_iter = len(eps_list) + 1``), no warm start."""
+    import warnings
+
+    import torch
+
+    from srot_fast.geometry import bbox_diameter
+    from srot_fast.loss import SROTLoss
+    from srot_fast.sinkhorn import epsilon_schedule
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    n, steps = (1000, 3) if args.dry_run else (args.flow_n, args.flow_steps)
+    g = torch.Generator().manual_seed(0)
+    theta = 2 * math.pi * torch.rand(n, generator=g)
+    y = torch.stack([theta.cos(), theta.sin()], 1) + 0.05 * torch.randn(n, 2, generator=g)  # a ring
+    x = 0.3 * torch.randn(n, 2, generator=g)  # a blob
+    x, y = x.to(device), y.to(device)
+    iters = len(epsilon_schedule(2, bbox_diameter(x, y), 0.05, 0.5)) + 1
+    loss = SROTLoss(p=2, blur=0.05, scaling=0.5, backend="auto", tol=1e-30, max_iter=iters)
+    lr = 0.05
+    times, n_iters = [], []
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(steps):
+            t = time.perf_counter()
+            xg = x.clone().requires_grad_()
+            (grad,) = torch.autograd.grad(loss(xg, y), xg)
+            x = x - lr * n * grad
+            _sync()
+            times.append(time.perf_counter() - t)
+            n_iters.append(loss.last_result.n_iter)
+            if time.perf_counter() - start > args.budget_flow:
+                break
+    done = len(times)
+    total = sum(times)
+    return dict(n=n, steps_requested=steps, steps_done=done, max_iter=iters, lr=lr, seconds=total,
+                backend=loss.last_result.backend,
+                seconds_per_step_median=sorted(times)[done // 2], n_iter_mean=sum(n_iters) / done,
+                extrapolated_seconds_for_all_steps=total / done * steps,
+                final_mean_radius=float(x.norm(dim=1).mean()))
+
+
+# ------------------------------------------------------------------------------------------------- main
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    default_out = Path(os.environ.get("OUT") or ROOT / "benchmarks" / "results") / "gpu_suite.json"
+    ap.add_argument("--out", default=str(default_out), help="results file (default: $OUT/gpu_suite.json if set)")
+    ap.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, TRITON_INTERPRET=1: checks the script")
+    ap.add_argument("--sections", default=",".join(SECTIONS))
+    ap.add_argument("--prim-sizes", default="1024,4096,16384,65536")
+    ap.add_argument("--sinkhorn-sizes", default="4096,16384,50000")
+    ap.add_argument("--large-d-n", type=int, default=8192)
+    ap.add_argument("--flash-n", type=int, default=50000)
+    ap.add_argument("--flow-n", type=int, default=100000)
+    ap.add_argument("--flow-steps", type=int, default=400)
+    ap.add_argument("--wheels", default=None, help="folder with a flash_sinkhorn wheel to pip install (offline)")
+    ap.add_argument("--workdir", default=None, help="where the pytest-benchmark JSON files go (default: next to --out)")
+    ap.add_argument("--budget-tests", type=float, default=200)
+    ap.add_argument("--budget-bench", type=float, default=200, help="per benchmark file (pytest is killed after)")
+    ap.add_argument("--budget-large-d", type=float, default=60)
+    ap.add_argument("--budget-flash", type=float, default=90)
+    ap.add_argument("--budget-flow", type=float, default=120)
+    args = ap.parse_args(argv)
+    if args.dry_run:
+        os.environ["TRITON_INTERPRET"] = "1"  # before any import of triton
+        args.prim_sizes, args.sinkhorn_sizes = "256", "256"
+        args.budget_tests = args.budget_bench = min(args.budget_bench, 300)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    args.workdir = args.workdir or str(out.parent)
+    Path(args.workdir).mkdir(parents=True, exist_ok=True)
+    results = dict(suite="srot_fast gpu_suite", started=_now(), sections={})
+    funcs = {"env": section_env, "tests": section_tests, "primitives": section_primitives,
+             "large_d": section_large_d, "sinkhorn": section_sinkhorn, "flash": section_flash, "flow": section_flow}
+    for name in [s for s in args.sections.split(",") if s]:
+        t = time.perf_counter()
+        print(f"[gpu_suite] {name} ...", flush=True)
+        try:
+            res = funcs[name](args)
+        except Exception:  # noqa: BLE001 - record and go on with the next section
+            res = dict(error=traceback.format_exc()[-3000:])
+        res["section_seconds"] = round(time.perf_counter() - t, 1)
+        results["sections"][name] = res
+        results["finished"] = _now()
+        out.write_text(json.dumps(results, indent=1, default=str))
+        brief = {k: v for k, v in res.items() if k not in ("rows", "tail")}
+        print(f"[gpu_suite] {name}: {json.dumps(brief, default=str)[:1500]}", flush=True)
+    print(f"[gpu_suite] wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
