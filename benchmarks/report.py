@@ -50,6 +50,8 @@ def sinkhorn(rows) -> str:
     cols = []
     overhead = defaultdict(dict)
     for r in rows:
+        if "variant" in r:  # rows of an older layout of test_offsets_overhead
+            continue
         if r.get("overhead"):
             overhead[r["n"]] = {k[len("seconds_"):]: v for k, v in r.items() if k.startswith("seconds_")}
             continue
