@@ -15,8 +15,9 @@ its logit. One power-iteration step from a random d0 is H d0:
   statistics frozen, see :class:`FrozenBatchNorm`), J is block diagonal with rows g_i = grad logit_i, so
   H_i = F_i g_i g_i^T has rank one and H d0 = F (g . d0) g: the jvp is read off the vjp, J d0 = (J^T 1) . d0
   row by row (one reverse pass in all, the cost of the reference), and the step lands exactly on the
-  dominant eigenvector +-g_i. (The general jvp + vjp call costs about 3 times the reference's probe on the
-  paper's ConvNet on a CPU, forward-mode convolution and batch-norm being slow, hence the shortcut.)
+  dominant eigenvector +-g_i. (With the general jvp + vjp call a whole training step costs about 1.3 times
+  the reference's on the paper's ConvNet and 2 times on a small MLP, on a CPU: forward-mode passes are slow;
+  hence the shortcut, see docs/DETECTOR.md.)
 - ``method="fd"``: the finite-difference reference of Miyato et al., grad_r KL(p || f(z + xi d0)) ~ xi H d0.
   In float32 with xi = 1e-6 the difference sigma(l + xi J d0) - p is at the rounding level of p: some rows
   come out exactly zero (the detector then uses the random d0) and others with a random sign.
