@@ -175,3 +175,23 @@ def pytest_benchmark_update_machine_info(config, machine_info):
             machine_info[mod] = __import__(mod).__version__
         except ImportError:
             machine_info[mod] = None
+
+
+@pytest.fixture(autouse=True)
+def _jsonl_record(request):
+    """With ``SROT_BENCH_JSONL=path``: append each finished benchmark (name, median, extra_info) to that file
+    as it completes, so a run killed at its time budget (benchmarks/gpu_suite.py) keeps what it measured
+    (pytest-benchmark writes its own JSON only at the end)."""
+    yield
+    path = os.environ.get("SROT_BENCH_JSONL")
+    bench = request.node.funcargs.get("benchmark") if hasattr(request.node, "funcargs") else None
+    if not path or bench is None:
+        return
+    import json
+
+    stats = getattr(getattr(bench, "stats", None), "stats", None)
+    row = dict(name=request.node.name, median_s=getattr(stats, "median", None),
+               rounds=getattr(stats, "rounds", None))
+    row.update({k: v for k, v in bench.extra_info.items() if not isinstance(v, (list, dict))})
+    with open(path, "a") as f:
+        f.write(json.dumps(row, default=str) + "\n")

@@ -44,6 +44,12 @@ def _need(backend: str) -> None:
 KEOPS, TRITON = pytest.mark.keops, pytest.mark.triton
 
 
+def _device(backend: str) -> str:
+    """Triton needs CUDA tensors on a GPU machine (the interpreter takes CPU tensors); the reference it is
+    compared with runs on the same device."""
+    return "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+
+
 def _data(seed=0, n=N, m=M):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, D, generator=g, dtype=DT)
@@ -65,8 +71,8 @@ CONFIGS = {
 }
 
 
-def _solve(backend, cfg, p, leaf=True):
-    x, y, a, b, s_x, s_y = _data()
+def _solve(backend, cfg, p, leaf=True, device="cpu"):
+    x, y, a, b, s_x, s_y = (t.to(device) for t in _data())
     x, y, a, b = (t.clone().requires_grad_(leaf) for t in (x, y, a, b))
     kw = dict(cfg)
     u = v = None
@@ -93,8 +99,8 @@ def test_sinkhorn_matches_tensorized(backend, cfg, p):
     """Value, potentials, masses, n_iter, gradients (x, y, a, b), barycentric projection and label
     propagation agree with the dense reference."""
     _need(backend)
-    ref, ref_grads = _solve("tensorized", CONFIGS[cfg], p)
-    res, grads = _solve(backend, CONFIGS[cfg], p)
+    ref, ref_grads = _solve("tensorized", CONFIGS[cfg], p, device=_device(backend))
+    res, grads = _solve(backend, CONFIGS[cfg], p, device=_device(backend))
     assert res.backend == backend and ref.backend == "tensorized"
     assert res.n_iter == ref.n_iter == ITERS
     for name in ("value", "f", "g", "row_mass", "col_mass"):
@@ -115,7 +121,7 @@ def test_srotloss_matches_tensorized(backend, case, p):
     """SROTLoss (gamma = max C computed by the backend's own max_cost) on a backend vs 'tensorized'."""
     _need(backend)
     strategy, reach = _LOSS[case]
-    x0, y0, a0, b0, s_x, s_y = _data(seed=1)
+    x0, y0, a0, b0, s_x, s_y = (t.to(_device(backend)) for t in _data(seed=1))
     out = {}
     for be in ("tensorized", backend):
         x, y, a, b = (t.clone().requires_grad_() for t in (x0, y0, a0, b0))
@@ -145,7 +151,7 @@ def test_gradcheck_value(backend, p):
     every gradient is compared with 'tensorized' above)."""
     _need(backend)
     n, m = {"cpu": (6, 7), "keops": (4, 5), "triton": (3, 4)}[backend]
-    x, y, a, b, s_x, s_y = _data(seed=2, n=n, m=m)
+    x, y, a, b, s_x, s_y = (t.to(_device(backend)) for t in _data(seed=2, n=n, m=m))
     x, y, a, b = (t.clone().requires_grad_() for t in (x, y, a, b))
     u, v = 0.2 * -torch.log(s_x), 0.2 * -torch.log1p(-s_y)
     eps, tau = {"cpu": (0.5**p, 1.0), "keops": (1.0, 0.3), "triton": (2.0, 0.3)}[backend]  # fewer updates
