@@ -158,8 +158,22 @@ def section_tests(args) -> dict:
 
 
 def _bench(args, file: str, sizes: str, kfilter: str | None, budget: float) -> dict:
-    out = Path(args.workdir) / f"{Path(file).stem}.json"
-    jsonl = Path(args.workdir) / f"{Path(file).stem}.jsonl"
+    """Two pytest processes: the cases without KeOps first, then the KeOps ones (GeomLoss 'online' too),
+    so that a KeOps crash (seen on an H200: the process died at the first KeOps case) keeps the rest."""
+    if args.dry_run:
+        return _bench_once(args, file, sizes, kfilter, budget, Path(file).stem)
+    base = f"({kfilter}) and " if kfilter else ""
+    res = dict(no_keops=_bench_once(args, file, sizes, base + "not keops and not online", budget / 2,
+                                    Path(file).stem),
+               keops=_bench_once(args, file, sizes, base + "(keops or online)", budget / 2,
+                                 Path(file).stem + "_keops"))
+    res["rows"] = res["no_keops"].pop("rows", []) + res["keops"].pop("rows", [])
+    return res
+
+
+def _bench_once(args, file: str, sizes: str, kfilter: str | None, budget: float, stem: str) -> dict:
+    out = Path(args.workdir) / f"{stem}.json"
+    jsonl = Path(args.workdir) / f"{stem}.jsonl"
     jsonl.unlink(missing_ok=True)
     env = dict(os.environ, SROT_BENCH_SIZES=sizes, SROT_BENCH_JSONL=str(jsonl))
     cmd = [sys.executable, "-m", "pytest", file, "-q", "-p", "no:cacheprovider", "--benchmark-only",
@@ -167,7 +181,7 @@ def _bench(args, file: str, sizes: str, kfilter: str | None, budget: float) -> d
     if kfilter:
         cmd += ["-k", kfilter]
     res = _run(cmd, env=env, timeout=budget)
-    if out.exists():
+    if out.exists() and out.stat().st_size > 0:
         res["rows"] = _bench_rows(str(out))
     elif jsonl.exists():  # killed at its budget: the cases that finished
         res["rows"] = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
@@ -329,12 +343,20 @@ def section_flow(args) -> dict:
     lr = 0.05
     times, n_iters = [], []
     start = time.perf_counter()
+    failure = None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for _ in range(steps):
+        for step in range(steps):
             t = time.perf_counter()
             xg = x.clone().requires_grad_()
-            (grad,) = torch.autograd.grad(loss(xg, y), xg)
+            try:
+                (grad,) = torch.autograd.grad(loss(xg, y), xg)
+            except FloatingPointError as e:  # seen once on an H200 at n = 100k: record where and what
+                failure = dict(step=step, error=str(e)[:300], x_finite=bool(torch.isfinite(x).all()),
+                               x_abs_max=float(x.abs().max()))
+                break
+            if step == 0:
+                failure_probe = dict(grad_finite=bool(torch.isfinite(grad).all()))
             x = x - lr * n * grad
             _sync()
             times.append(time.perf_counter() - t)
@@ -342,8 +364,11 @@ def section_flow(args) -> dict:
             if time.perf_counter() - start > args.budget_flow:
                 break
     done = len(times)
+    if done == 0:
+        return dict(n=n, failure=failure)
     total = sum(times)
-    return dict(n=n, steps_requested=steps, steps_done=done, max_iter=iters, lr=lr, seconds=total,
+    return dict(failure=failure, first_step=failure_probe, n=n, steps_requested=steps, steps_done=done,
+                max_iter=iters, lr=lr, seconds=total,
                 backend=loss.last_result.backend,
                 seconds_per_step_median=sorted(times)[done // 2], n_iter_mean=sum(n_iters) / done,
                 extrapolated_seconds_for_all_steps=total / done * steps,

@@ -13,21 +13,22 @@ with C = |x - y| (p = 1) or |x - y|^2 / 2 (p = 2). Layers (STYLE §12.2): ``_*_k
 primitives above. One program owns ``BLOCK_N`` rows and streams the columns in tiles of ``BLOCK_M``
 with a running max / rescaled sum per row. Two ways to form a tile of squared distances:
 
-- *small-d path* (D < 32): exact difference form, one coordinate at a time in registers;
-- *large-d path* (D >= 32, any D; tested up to 300 here, meant for up to 12288 = 64 x 64 x 3 images):
+- *small-d path* (D < 32, and every D in float64): exact difference form, one coordinate at a time;
+- *large-d path* (float32, D >= 32, any D; tested up to 300 here, meant for up to 12288 = 64 x 64 x 3 images):
   |x|^2 + |y|^2 - 2 x.y with the cross term from ``tl.dot`` over chunks of ``BLOCK_K`` coordinates at
   full fp32 accuracy (``input_precision="ieee"``: no TF32, whose 10-bit mantissa gives ~5e-5 relative
   error on squared distances at D = 300 against ~2e-7 for fp32). Both clouds are centred on their
   common mean first; pairs closer than the rounding noise (relative 2 sqrt(D) u) count as coincident.
 
 ``weighted_mean`` for D <= 64 is one streaming pass with a (BLOCK_N, D) register accumulator; for
-D > 64 it is two passes: the softmin (large-d path) gives each row's normaliser, then a second kernel
-adds ``tl.dot(w, y_tile)`` chunk by chunk into the program's own rows of the (N, D) output.
+D > 64 it is two passes: the softmin gives each row's normaliser, then a second kernel adds
+``w @ y_tile`` chunk by chunk into the program's own rows of the (N, D) output (``tl.dot`` in float32,
+broadcast products summed in registers in float64).
 ``eps`` travels as a tensor of the input dtype (a Python float would be specialised to float32).
 
 Supported: float32 and float64, any D for every primitive.
 
-Tested (tests/test_kernels.py, tests/test_backends.py) only under the CPU interpreter (``TRITON_INTERPRET=1``,
+Tested (tests/test_kernels.py, tests/test_backends.py) under the CPU interpreter (``TRITON_INTERPRET=1``,
 triton 3.9, torch 2.13 CPU) against the torch reference, 37 x 53 points (several tiles with small blocks)
 with coincident pairs and ``-inf`` columns, p in {1, 2}, float32 and float64: small-d path at D in
 {1, 2, 3} (+ D = 64), large-d path at D in {3, 37, 64, 300} (forced with ``path="dot"`` at small D), tiny
@@ -35,9 +36,16 @@ with coincident pairs and ``-inf`` columns, p in {1, 2}, float32 and float64: sm
 computes ``tl.dot`` with numpy in the input dtype, so it cannot show TF32: the GPU-only test
 ``test_triton_dot_path_is_fp32_accurate`` can (run by benchmarks/gpu_suite.py).
 
+GPU: one run on an H200 (Triton 3.6, torch 2.11+cu130, 2026-11-26, benchmarks/results/2026-11-26-h200):
+84 of the 96 GPU/Triton tests passed; the 11 that forced float64 through ``tl.dot`` failed to compile
+(hence float64 never takes that path since; the change itself has not run on a GPU) and one float32
+d = 64 SROTLoss comparison missed its tolerance; the large-d path's float32 distances were within
+1.6e-7 relative of float64 at D = 64 / 3072 / 12288.
+
 Caution:
-    - Never run on a GPU yet: block sizes and ``num_warps`` are untuned guesses; float64 ``tl.dot`` /
-      ``tl.exp`` / ``tl.sqrt`` on GPU untested.
+    - Block sizes and ``num_warps`` are untuned guesses. On the H200 at n = m = 8192 the softmin ran at
+      6.5e10 pairs/s at D = 64 (dense torch formula: 3.8e10) but 3.6x / 4.1x slower than the dense torch
+      formula (cuBLAS matmul) at D = 3072 / 12288 (benchmarks/README.md).
     - Large-d path: distances below the rounding noise of |x|^2 + |y|^2 - 2 x.y (relative 2 sqrt(D) u,
       e.g. 2.6e-5 of |x - c|^2 + |y - c|^2 at D = 12288 in float32) are set to 0.
     - Inputs must live on a CUDA device, or on the CPU with ``TRITON_INTERPRET=1`` set before triton is
@@ -273,10 +281,11 @@ def _weighted_sum_dot_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    DOT: tl.constexpr,  # True (float32): tl.dot; False (float64): broadcast products summed over the tile
 ):
     """Large-d weighted sum, second pass: with w_ij = exp(h_j - C_ij / eps - lse_i) already normalised,
-    each column tile adds tl.dot(w', y_tile) into the program's own rows of ``acc`` chunk by chunk of
-    BLOCK_K coordinates (read-modify-write in global memory: no (BLOCK_N, D) register accumulator)."""
+    each column tile adds w' @ y_tile into the program's own rows of ``acc`` chunk by chunk of BLOCK_K
+    coordinates (read-modify-write in global memory: no (BLOCK_N, D) register accumulator)."""
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
@@ -287,8 +296,8 @@ def _weighted_sum_dot_kernel(
     for j0 in range(0, M, BLOCK_M):
         cols = j0 + tl.arange(0, BLOCK_M)
         cmask = cols < M
-        sq = _sq_dist_dot_tile(x_ptr, y_ptr, xx_ptr, yy_ptr, rows, rmask, cols, cmask, D, stride_x, stride_y,
-                               coinc, BLOCK_N, BLOCK_M, BLOCK_K)
+        sq = _sq_tile(x_ptr, y_ptr, xx_ptr, yy_ptr, rows, rmask, cols, cmask, D, stride_x, stride_y, coinc,
+                      BLOCK_N, BLOCK_M, BLOCK_K, DOT)
         logit = _logits_tile(sq, h_ptr, cols, cmask, inv_eps, P)
         w = tl.exp(logit - lse[:, None])  # (BLOCK_N, BLOCK_M), rows sum to 1 over all tiles
         if UNIT:
@@ -303,7 +312,10 @@ def _weighted_sum_dot_kernel(
             a_ptrs = acc_ptr + rows[:, None] * D + kk[None, :]
             amask = rmask[:, None] & kmask[None, :]
             acc = tl.load(a_ptrs, mask=amask, other=0.0)
-            acc = tl.dot(w.to(y_t.dtype), y_t, acc, input_precision="ieee")
+            if DOT:
+                acc = tl.dot(w.to(y_t.dtype), y_t, acc, input_precision="ieee")
+            else:
+                acc += tl.sum(w[:, :, None] * y_t[None, :, :], 1)
             tl.store(a_ptrs, acc, mask=amask)
     tl.store(wsum_ptr + rows, wsum, mask=rmask)
 
@@ -403,9 +415,15 @@ def _prm(x, eps):
     return torch.tensor([1.0 / eps, eps], dtype=x.dtype, device=x.device)
 
 
-def _use_dot(path: str, d: int) -> bool:
+def _use_dot(path: str, d: int, dtype: torch.dtype) -> bool:
+    """tl.dot distances for float32 at D >= 32 ('auto') or when asked; never for float64: on an H200
+    (Triton 3.6) float64 tl.dot failed to compile, so float64 always takes the exact difference form."""
     if path not in ("auto", "small", "dot"):
         raise ValueError(f"path must be 'auto', 'small' or 'dot', got {path!r}")
+    if dtype == torch.float64:
+        if path == "dot":
+            raise ValueError("path='dot' is float32 only (float64 uses the exact difference form)")
+        return False
     return path == "dot" or (path == "auto" and d >= _DOT_MIN_D)
 
 
@@ -434,7 +452,7 @@ def softmin_fwd(x, y, h, eps, p, *, path="auto", block_n=None, block_m=None, blo
     _check(x, y, h, p)
     n, d = x.shape
     m = y.shape[0]
-    dot = _use_dot(path, d)
+    dot = _use_dot(path, d, x.dtype)
     block_n = block_n or (64 if dot else 32)
     block_m = block_m or 64
     x, y, xx, yy, coinc, _ = _operands(x, y, dot)
@@ -458,29 +476,33 @@ def weighted_mean_fwd(x, y, h, eps, p, phi="y", *, path="auto", block_n=None, bl
         raise ValueError(f"phi must be 'y' or 'grad', got {phi!r}")
     n, d = x.shape
     m = y.shape[0]
+    _use_dot(path, d, x.dtype)  # argument check: path='dot' is float32 only
     if path == "auto":
         path = "dot" if d > _MAX_D_WMEAN else "small"
     if path == "small" and d > _MAX_D_WMEAN:
         raise ValueError(f"the small-d weighted_mean path takes D <= {_MAX_D_WMEAN} (got {d}); use path='dot'")
-    dot = _use_dot(path, d)
     unit = phi == "grad" and p == 1
     x0 = x
-    if dot:
-        block_n, block_m = block_n or 64, block_m or 64
-        lse = softmin_fwd(x, y, h, eps, p, path="dot", block_n=block_n, block_m=block_m, block_k=block_k,
-                          num_warps=num_warps) / -eps
-        x, y, xx, yy, coinc, centre = _operands(x, y, True)
+    if path == "dot":  # two passes; float32: tl.dot, float64: exact differences and broadcast sums
+        dot = _use_dot("auto" if x.dtype == torch.float64 else "dot", d, x.dtype)
+        block_n, block_m = block_n or (64 if dot else 16), block_m or (64 if dot else 16)
+        block_k = block_k if dot else min(block_k, 16)
+        lse = softmin_fwd(x, y, h, eps, p, path="dot" if dot else "small", block_n=block_n, block_m=block_m,
+                          block_k=block_k, num_warps=num_warps) / -eps
+        x, y, xx, yy, coinc, centre = _operands(x, y, dot)
         h = h.detach().contiguous()
         acc = torch.zeros(n, d, dtype=x.dtype, device=x.device)
         wsum = torch.empty(n, dtype=x.dtype, device=x.device)
         _weighted_sum_dot_kernel[(triton.cdiv(n, block_n),)](
             x, y, xx, yy, h, lse.contiguous(), _prm(x, eps), acc, wsum, n, m, d, x.stride(0), y.stride(0), coinc,
-            P=p, UNIT=unit, BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=num_warps,
+            P=p, UNIT=unit, BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, DOT=dot, num_warps=num_warps,
         )
         if unit:  # sum_j w'_ij (x_i - y_j) = x_i sum_j w'_ij - sum_j w'_ij y_j (centring cancels)
             out = x * wsum[:, None] - acc
-        else:  # mean of y_j: undo the centring (the weights sum to wsum = 1 up to rounding)
+        elif centre is not None:  # mean of y_j: undo the centring (the weights sum to wsum = 1 up to rounding)
             out = acc + centre * wsum[:, None]
+        else:
+            out = acc
     else:
         block_n, block_m = block_n or 16, block_m or 32
         x, y, h = x.detach().contiguous(), y.detach().contiguous(), h.detach().contiguous()
@@ -500,7 +522,7 @@ def plan_argmax_fwd(x, y, h, eps, p, *, path="auto", block_n=None, block_m=None,
     _check(x, y, h, p)
     n, d = x.shape
     m = y.shape[0]
-    dot = _use_dot(path, d)
+    dot = _use_dot(path, d, x.dtype)
     block_n = block_n or (64 if dot else 32)
     block_m = block_m or 64
     x, y, xx, yy, coinc, _ = _operands(x, y, dot)
@@ -518,7 +540,7 @@ def max_sq_fwd(x, y, *, path="auto", block_n=None, block_m=None, block_k=32, num
     _check(x, y)
     n, d = x.shape
     m = y.shape[0]
-    dot = _use_dot(path, d)
+    dot = _use_dot(path, d, x.dtype)
     block_n = block_n or (64 if dot else 32)
     block_m = block_m or 64
     x, y, xx, yy, coinc, _ = _operands(x, y, dot)

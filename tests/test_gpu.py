@@ -41,20 +41,23 @@ def _clouds(n, m, d, dtype, seed=0):
 @pytest.mark.parametrize("d,dtype,p", [(2, torch.float32, 1), (2, torch.float32, 2), (2, torch.float64, 1),
                                        (64, torch.float32, 2), (3072, torch.float32, 2)])
 def test_srotloss_triton_matches_tensorized_on_cuda(d, dtype, p):
-    """Soft SROT, KL, 40 updates: value within 1e-5 (float32) / 1e-10 (float64) relative, gradients within
-    1e-4 / 1e-9 of their max, between 'triton' and 'tensorized' on the same CUDA tensors."""
+    """Soft SROT, KL, 40 updates, 'triton' in ``dtype`` against 'tensorized' in float64 on the same CUDA
+    points: value within 1e-5 (float32) / 1e-10 (float64) relative, gradients within 2e-4 sqrt(max(1, d/64))
+    (float32: the large-d path's |x|^2 + |y|^2 - 2 x.y rounding grows like sqrt(d)) / 1e-9 of their max.
+    Under the CPU interpreter the same comparison measured 6e-8 (value) and 3e-5 / 1e-4 (gradients, d = 64
+    / 300) in float32."""
     n, m = (700, 900) if d < 1000 else (300, 260)
-    x0, y0, s_x, s_y = _clouds(n, m, d, dtype)
+    x0, y0, s_x, s_y = _clouds(n, m, d, torch.float64)
     rtol = 1e-5 if dtype == torch.float32 else 1e-10
-    gtol = 1e-4 if dtype == torch.float32 else 1e-9
+    gtol = 2e-4 * max(1.0, (d / 64) ** 0.5) if dtype == torch.float32 else 1e-9
     out = {}
-    for be in ("tensorized", "triton"):
-        x, y = x0.clone().requires_grad_(), y0.clone().requires_grad_()
+    for be, dt in (("tensorized", torch.float64), ("triton", dtype)):
+        x, y = x0.to(dt).requires_grad_(), y0.to(dt).requires_grad_()
         loss = SROTLoss(p=p, blur=0.1, reach=1.0, strategy="soft", backend=be, tol=1e-30, max_iter=40)
-        value = loss(x, y, scores=(s_x, s_y))
+        value = loss(x, y, scores=(s_x.to(dt), s_y.to(dt)))
         gx, gy = torch.autograd.grad(value, (x, y))
         assert loss.last_result.backend == be and value.device.type == "cuda"
-        out[be] = value.detach(), gx, gy
+        out[be] = value.detach().double(), gx.double(), gy.double()
     (v0, gx0, gy0), (v1, gx1, gy1) = out["tensorized"], out["triton"]
     assert torch.isfinite(v1) and abs(float(v1 - v0)) <= rtol * abs(float(v0))
     for got, want in ((gx1, gx0), (gy1, gy0)):
