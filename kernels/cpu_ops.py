@@ -55,6 +55,8 @@ from typing import Optional
 
 import torch
 
+from ._common import check_operands
+
 __all__ = [
     "available",
     "build_error",
@@ -177,12 +179,7 @@ def build_error() -> Optional[str]:
 
 # ---------------------------------------------------------------------------------------- dispatch
 def _check(x, y, h=None, p=1):
-    if x.dim() != 2 or y.dim() != 2 or x.shape[1] != y.shape[1]:
-        raise ValueError(f"x (N, D) and y (M, D) expected, got {tuple(x.shape)} and {tuple(y.shape)}")
-    if h is not None and (h.dim() != 1 or h.shape[0] != y.shape[0]):
-        raise ValueError(f"h (M,) = ({y.shape[0]},) expected, got {tuple(h.shape)}")
-    if p not in (1, 2):
-        raise ValueError(f"p must be 1 or 2, got {p}")
+    check_operands(x, y, h, p, allow_empty=True)
 
 
 def _native(*ts) -> Optional[ctypes.CDLL]:

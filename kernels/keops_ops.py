@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import torch
 
+from ._common import check_operands
+
 __all__ = ["available", "softmin", "weighted_mean", "plan_argmax", "max_cost"]
 
 _available = None
@@ -62,15 +64,7 @@ def _lazy():
     return LazyTensor
 
 
-def _check(x, y, h=None, p=1):
-    if x.dim() != 2 or y.dim() != 2 or x.shape[1] != y.shape[1]:
-        raise ValueError(f"x (N, D) and y (M, D) expected, got {tuple(x.shape)} and {tuple(y.shape)}")
-    if h is not None and (h.dim() != 1 or h.shape[0] != y.shape[0]):
-        raise ValueError(f"h (M,) = ({y.shape[0]},) expected, got {tuple(h.shape)}")
-    if p not in (1, 2):
-        raise ValueError(f"p must be 1 or 2, got {p}")
-    if x.shape[0] == 0 or y.shape[0] == 0:
-        raise ValueError("empty point cloud")
+_check = check_operands
 
 
 def _params(x, *values):

@@ -62,6 +62,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._common import check_operands
+
 __all__ = [
     "softmin",
     "weighted_mean",
@@ -394,12 +396,7 @@ def _max_sq_fwd_kernel(
 
 # ---------------------------------------------------------------------------------------- launchers
 def _check(x, y, h=None, p=1):
-    if x.dim() != 2 or y.dim() != 2 or x.shape[1] != y.shape[1]:
-        raise ValueError(f"x (N, D) and y (M, D) expected, got {tuple(x.shape)} and {tuple(y.shape)}")
-    if h is not None and (h.dim() != 1 or h.shape[0] != y.shape[0]):
-        raise ValueError(f"h (M,) = ({y.shape[0]},) expected, got {tuple(h.shape)}")
-    if p not in (1, 2):
-        raise ValueError(f"p must be 1 or 2, got {p}")
+    check_operands(x, y, h, p, allow_empty=True)  # empty clouds: refused below, after the dtype checks
     if x.dtype not in (torch.float32, torch.float64):
         raise TypeError(f"triton kernels take float32 or float64, got {x.dtype}")
     for name, t in (("y", y), ("h", h)):
