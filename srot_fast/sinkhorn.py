@@ -135,8 +135,9 @@ def _symmetric_loop(geom, log_a, a, pen: Penalty, eps_list: Sequence[float], tol
 class _EnvelopeValue(torch.autograd.Function):
     """Returns a precomputed dual value; its backward applies the envelope theorem.
 
-    Saved: x, y (points), row_mass (N,) = pi 1, col_mass (M,) = pi^T 1, ga (N,), gb (M,) the weight
-    gradients, hx (M,) / hy (N,) the column / row log-weights of the plan's softmax.
+    Saved: x, y (points), row_mass (N,) ~ pi 1 and col_mass (M,) ~ pi^T 1 (each side's marginal after an
+    exact update of its own potential), ga (N,), gb (M,) the weight gradients, hx (M,) / hy (N,) the
+    column / row log-weights of the plan's softmax.
     """
 
     @staticmethod
@@ -353,6 +354,7 @@ def sinkhorn(
             ga = ga_aug[:-1] + gb_aug[-1]  # b'_M = |a| - s depends on a
             gb = gb_aug[:-1] + ga_aug[-1]
             f, g = sol.f[:-1], sol.g[:-1]
+            f_hat, g_hat = pen_a.aprox(sol.s, eps)[:-1], pen_b.aprox(sol.t, eps)[:-1]
             s_real = geom.softmin_x(bd.log() + g / eps, eps)
             t_real = geom.softmin_y(ad.log() + f / eps, eps)
         else:
@@ -367,12 +369,19 @@ def sinkhorn(
                 sol = _sinkhorn_loop(geom, ad.log(), bd.log(), ad, pen_a, pen_b, eps_list, tol, max_iter, init)
             value, ga, gb = _dual_value(ad, bd, sol.f, sol.g, sol.s, sol.t, pen_a, pen_b, eps)
             f, g, s_real, t_real = sol.f, sol.g, sol.s, sol.t
+            f_hat, g_hat = pen_a.aprox(sol.s, eps), pen_b.aprox(sol.t, eps)
         row_mass = ad * torch.exp((f - s_real) / eps)
         col_mass = bd * torch.exp((g - t_real) / eps)
+        # Point / offset gradients: the x-side uses f_hat, the exact update of f for the final g (and the y-side
+        # g_hat for the final f), i.e. the gradient of max_f D(f, g) in x and of max_g D(f, g) in y. At
+        # convergence f_hat = f and g_hat = g; with a fixed iteration budget (GeomLoss-style flows) the row
+        # weights stay a_i-sized instead of a_i exp((f - f_hat) / eps), which blew up a 100k-point flow.
+        grad_row = ad * torch.exp((f_hat - s_real) / eps)
+        grad_col = bd * torch.exp((g_hat - t_real) / eps)
         hx = bd.log() + (g if vd is None else g - vd) / eps
         hy = ad.log() + (f if ud is None else f - ud) / eps
 
-    value = _EnvelopeValue.apply(value, x, y, a, b, u, v, row_mass, col_mass, ga, gb, hx, hy, ops, eps, p)
+    value = _EnvelopeValue.apply(value, x, y, a, b, u, v, grad_row, grad_col, ga, gb, hx, hy, ops, eps, p)
     return SinkhornResult(f=f, g=g, value=value, n_iter=sol.n_iter, marginal_error=sol.marginal_error,
                           row_mass=row_mass, col_mass=col_mass, eps=eps, p=p, backend=name,
                           _geom=geom, _a=ad, _b=bd)
