@@ -1,9 +1,11 @@
 """Command line ``srot-fast``: the paper's experiments as sub-commands, writing PNG figures and metrics tables.
 
     srot-fast demo [--out DIR] [--quick] [--seed S] [--backend auto] [--threads 1] [--no-progress]
+    srot-fast {flow2d,flow-images,monge,label-prop,gan} [--out DIR] [--quick] [--seed S] [--backend B]
+              [--device D] [--threads T] [--no-progress] [experiment options]
 
-To add an experiment: write ``_add_<name>(subparsers)`` that builds its sub-parser and sets
-``func=<callable(args) -> int>``, and append it to ``_SUBCOMMANDS``.
+The experiments live in ``srot_fast/experiments/<module>.py`` (listed in ``experiments.MODULES``); each
+defines ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> dict``.
 """
 from __future__ import annotations
 
@@ -56,7 +58,34 @@ def _add_demo(sub):
     p.set_defaults(func=_run_demo)
 
 
-_SUBCOMMANDS = [_add_demo]
+def _run_experiment(module):
+    def run(args) -> int:
+        _import_matplotlib_agg()
+        from .experiments import _common
+
+        with _common.threads(args.threads):
+            module.run(args)
+        print(f"wrote {args.out}/ (figures, metrics.json, metrics.md)")
+        return 0
+
+    return run
+
+
+def _add_experiments(sub):
+    import importlib
+
+    from .experiments import MODULES, _common
+
+    for name in MODULES:
+        module = importlib.import_module(f".experiments.{name}", __package__)
+        text = module.HELP.replace("%", "%%")  # argparse %-formats help strings
+        p = sub.add_parser(module.NAME, help=text, description=text)
+        _common.add_common(p, f"srot_{module.NAME.replace('-', '_')}_out")
+        module.add_arguments(p)
+        p.set_defaults(func=_run_experiment(module))
+
+
+_SUBCOMMANDS = [_add_demo, _add_experiments]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,8 +106,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2
+    from .data import DataUnavailableError
+    from .experiments._common import CliError
+
     try:
         return int(args.func(args))
+    except (CliError, DataUnavailableError) as err:
+        print(f"srot-fast {args.command}: {err}", file=sys.stderr)
+        return 2
     except ImportError as err:
         if EXTRAS_HINT not in str(err):
             raise

@@ -1,0 +1,8 @@
+"""The paper's experiments as ``srot-fast`` sub-commands (one module per experiment).
+
+Each module defines ``NAME`` (the sub-command), ``HELP`` (one line), ``add_arguments(parser)`` (its own
+options; the common ones -- ``--out --quick --seed --backend --device --threads --no-progress`` -- are
+added by :func:`srot_fast.experiments._common.add_common`) and ``run(args) -> dict`` which writes PNG
+figures, ``metrics.json`` and ``metrics.md`` into ``args.out`` and returns the metrics.
+"""
+MODULES = ("flow2d", "flow_images", "monge", "label_prop", "gan")

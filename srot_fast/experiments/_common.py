@@ -1,0 +1,107 @@
+"""Shared pieces of the experiment sub-commands: common options, device / thread set-up, metrics files."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+BACKENDS = ("auto", "tensorized", "cpu", "keops", "triton")
+
+
+class CliError(ValueError):
+    """A user-facing error of an experiment (bad option, missing data): ``srot-fast`` prints it, exit code 2."""
+
+
+def add_common(p: argparse.ArgumentParser, default_out: str) -> None:
+    """The options every experiment takes."""
+    p.add_argument("--out", default=default_out, help=f"output folder for figures and metrics (default: {default_out})")
+    p.add_argument("--quick", action="store_true", help="small, fast version (for tests and smoke checks)")
+    p.add_argument("--seed", type=int, default=0, help="data, model and detector seed (default: 0)")
+    p.add_argument("--backend", default="auto", choices=BACKENDS, help="Sinkhorn backend (default: auto)")
+    p.add_argument("--device", default=None,
+                   help="torch device, e.g. cpu or cuda (default: cuda when available, else cpu)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads during the run (default: 1; 0 keeps torch's setting)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+
+
+def resolve_device(name: Optional[str]) -> torch.device:
+    """``None`` -> cuda when available, else cpu; a clear error for an unusable device."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError as err:
+        raise CliError(f"--device: not a torch device: {name!r}") from err
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise CliError("--device cuda requested but torch sees no CUDA device")
+    return dev
+
+
+@contextmanager
+def threads(n: Optional[int]):
+    """Set torch's CPU thread count for the block (``None`` or 0: leave it), restore it after."""
+    old = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(int(n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+class Timer:
+    def __init__(self):
+        self.t0 = time.perf_counter()
+
+    def read(self) -> float:
+        return round(time.perf_counter() - self.t0, 2)
+
+
+def _clean(obj):
+    """JSON-safe copy: tensors -> lists / floats, NaN / inf -> None."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, torch.Tensor):
+        return _clean(obj.detach().cpu().tolist())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def md_table(header: list, rows: list) -> str:
+    """A Markdown table; floats with 4 significant digits."""
+    def cell(v):
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return str(v)
+
+    lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_metrics(out: Path, metrics: dict, markdown: str) -> None:
+    """Write ``metrics.json`` and ``metrics.md`` into ``out`` and print the Markdown."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(_clean(metrics), indent=1))
+    (out / "metrics.md").write_text(markdown)
+    print(markdown)
+
+
+def savefig(fig, path: Path, dpi: int = 80) -> str:
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return str(path)

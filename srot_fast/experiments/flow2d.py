@@ -1,0 +1,382 @@
+r"""``srot-fast flow2d``: the paper's 2-D gradient flow (§4, Fig. 3) with the data measure alpha corrupted by
+10 % type-II outliers.
+
+alpha = clean annulus alpha_c + 10 % outliers drawn from beta_0's law (:func:`srot_fast.datasets.make_flow_2d`);
+beta_t starts at beta_0 and moves by y <- y - lr * M * grad_y h(alpha, beta_t) (explicit Euler, GeomLoss
+convention). Losses h: OT, UOT (KL), partial OT (mass 0.9), SROT-CE hard, SROT hard, SROT soft (partial OT,
+mass 0.9) with and without the paper's rescaling of beta to mass 0.9. Ground cost |x - y| (p = 1), blur 0.05,
+per-step Sinkhorn tolerance and UOT reach as in ``srot-fast demo`` (constants imported from
+:mod:`srot_fast.demo`; see its docstring for why p = 1).
+
+The detectors (VAT and CE-only, :class:`srot_fast.OutlierDetector`) are fitted once, on alpha (source) versus
+beta_0 (target), before the flows; beta_t's points are never flagged.
+
+Memory is linear in n along the whole path (online Sinkhorn backends 'cpu' / 'keops' / 'triton'; 'auto'
+picks one above 64 x 64 points): W1(alpha_c, beta_t) is exact (``ot.emd2``) on fixed random subsamples of at
+most ``--w1-points`` points per measure (exact on the whole measures at the default n = 1000), and the
+figures draw at most 2000 points per measure.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from . import _common
+
+NAME = "flow2d"
+HELP = "2-D gradient flow with 10 % type-II outliers in the data (paper §4, Fig. 3): OT, UOT, partial OT, SROT"
+
+DEFAULT_N, DEFAULT_STEPS, DEFAULT_LR, DEFAULT_EVERY = 1000, 400, 0.01, 20
+QUICK_N, QUICK_STEPS, QUICK_EVERY = 300, 60, 10   # quick: lr scaled so that lr * steps is the full run's
+OUTLIER_FRAC = 0.1
+PLOT_POINTS = 2000
+MAX_SROT_SHARE = 0.01     # SROT hard / soft: at most 1 % of the transported mass leaves alpha's outliers
+SHARE_TOL = 1e-3          # slack below the outliers' 10 % for OT / UOT / partial (Sinkhorn tolerance)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--n", type=int, default=None,
+                   help=f"points per measure (default {DEFAULT_N}; --quick {QUICK_N}); linear memory, e.g. "
+                        "--n 100000 on a GPU")
+    p.add_argument("--steps", type=int, default=None, help=f"flow steps (default {DEFAULT_STEPS}; --quick "
+                                                            f"{QUICK_STEPS})")
+    p.add_argument("--lr", type=float, default=None,
+                   help=f"learning rate (default {DEFAULT_LR}; --quick {DEFAULT_LR} * {DEFAULT_STEPS} / "
+                        f"{QUICK_STEPS}, the same total flow time)")
+    p.add_argument("--every", type=int, default=None,
+                   help=f"evaluate W1(alpha_c, beta_t) every this many steps (default {DEFAULT_EVERY}; --quick "
+                        f"{QUICK_EVERY})")
+    p.add_argument("--w1-points", type=int, default=1000,
+                   help="W1 is exact (ot.emd2) on fixed random subsamples of at most this many points per "
+                        "measure (default 1000: the whole measures at n=1000)")
+    p.add_argument("--no-ce", dest="ce", action="store_false", help="skip the SROT-CE hard flow")
+
+
+# --------------------------------------------------------------------------------------------- shared helpers
+def subsample_index(n: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """Sorted indices of min(n, k) points drawn without replacement (all of them when n <= k)."""
+    if n <= k:
+        return torch.arange(n)
+    return torch.randperm(n, generator=gen)[:k].sort().values
+
+
+def exact_w(x: torch.Tensor, y: torch.Tensor, p: int) -> float:
+    """Exact W_p between uniform measures on x and y (``ot.emd2``; cost |x - y|^p, result to the power 1/p)."""
+    import ot
+
+    xn = x.detach().to("cpu", torch.float64).numpy()
+    yn = y.detach().to("cpu", torch.float64).numpy()
+    c = ot.dist(xn, yn, metric="euclidean" if p == 1 else "sqeuclidean")
+    a = torch.full((len(xn),), 1.0 / len(xn), dtype=torch.float64).numpy()
+    b = torch.full((len(yn),), 1.0 / len(yn), dtype=torch.float64).numpy()
+    return float(max(ot.emd2(a, b, c, numItermax=10_000_000), 0.0)) ** (1.0 / p)
+
+
+def run_flow(name: str, alpha: torch.Tensor, beta0: torch.Tensor, *, a: torch.Tensor, b: torch.Tensor, p: int,
+             eps: float, solver_kw: dict, soft_scores: Optional[torch.Tensor], lr: float, steps: int, every: int,
+             evaluate: Callable[[torch.Tensor], float], tol: float, final_tol: float, backend: str,
+             progress: bool, snapshot_steps=(), snapshot_index: Optional[torch.Tensor] = None,
+             w0: Optional[float] = None, max_iter: int = 2000) -> dict:
+    """Explicit-Euler flow y <- y - lr * M * grad_y h(alpha, y), h = the (partial / unbalanced) Sinkhorn value.
+
+    ``soft_scores``: P(target) of alpha's points -> SROT soft offsets on alpha with the paper's gamma = max C
+    (recomputed each step, treated as a constant). Warm-started Sinkhorn (the previous step's potentials).
+    Returns beta_T, the curve [(t, evaluate(beta_t))], the loss values, iterations per step, snapshots of
+    beta_t[snapshot_index] at ``snapshot_steps`` and the plan-at-beta_T metrics (re-solved at ``final_tol``)."""
+    from tqdm.auto import tqdm
+
+    from ..backends import get_ops, resolve_backend
+    from ..sinkhorn import sinkhorn
+    from ..weights import soft_offsets
+
+    timer = _common.Timer()
+    y = beta0.clone()
+    m = len(y)
+    ones = torch.ones(1, dtype=alpha.dtype, device=alpha.device)
+    ops = get_ops(resolve_backend(backend, len(alpha), m, alpha.device))
+    snapshot_steps = set(snapshot_steps)
+    snaps = {}
+
+    def keep(t, y_):
+        if t in snapshot_steps:
+            snaps[t] = (y_ if snapshot_index is None else y_[snapshot_index]).detach().cpu()
+
+    def solve(y_, init_, tol_, max_iter_):
+        u = None
+        if soft_scores is not None:
+            gamma = float(ops.max_cost(alpha, y_.detach(), p)) or 1.0
+            u, _ = soft_offsets(soft_scores, ones, gamma)
+        return sinkhorn(alpha, y_, a, b, p=p, eps=eps, u=u, tol=tol_, max_iter=max_iter_, backend=backend,
+                        init=init_, **solver_kw)
+
+    init = None
+    iters, values = [], []
+    curve = [(0, evaluate(y) if w0 is None else w0)]
+    keep(0, y)
+    bar = tqdm(range(1, steps + 1), desc=f"flow: {name}", disable=not progress, leave=False)
+    for t in bar:
+        y.requires_grad_(True)
+        res = solve(y, init, tol, max_iter)
+        (grad,) = torch.autograd.grad(res.value, y)
+        init = (res.f.detach(), res.g.detach())
+        iters.append(res.n_iter)
+        values.append(float(res.value.detach()))
+        y = (y.detach() - lr * m * grad).detach()
+        if not bool(torch.isfinite(y).all()):
+            raise FloatingPointError(f"flow {name!r} diverged at step {t} (non-finite points); lower --lr")
+        keep(t, y)
+        if t % every == 0 or t == steps:
+            curve.append((t, evaluate(y)))
+    bar.close()
+    final = solve(y, init, final_tol, 5 * max_iter)
+    return {"beta_T": y, "curve": curve, "values": values, "iters": iters, "snapshots": snaps,
+            "row_mass": final.row_mass.detach(), "col_mass": final.col_mass.detach(),
+            "final_value": float(final.value.detach()), "final_iters": final.n_iter,
+            "final_marginal_error": float(final.marginal_error), "backend": final.backend, "wall_s": timer.read()}
+
+
+def claim(text: str, passed: bool, detail: str) -> dict:
+    return {"claim": text, "passed": bool(passed), "detail": detail}
+
+
+# --------------------------------------------------------------------------------------------------- run
+def _settings(args) -> dict:
+    quick = bool(args.quick)
+    n = args.n if args.n is not None else (QUICK_N if quick else DEFAULT_N)
+    steps = args.steps if args.steps is not None else (QUICK_STEPS if quick else DEFAULT_STEPS)
+    lr = args.lr if args.lr is not None else (DEFAULT_LR * DEFAULT_STEPS / steps if quick else DEFAULT_LR)
+    every = args.every if args.every is not None else (QUICK_EVERY if quick else DEFAULT_EVERY)
+    if n < 20:
+        raise _common.CliError(f"--n must be >= 20, got {n}")
+    if steps < 1:
+        raise _common.CliError(f"--steps must be >= 1, got {steps}")
+    if not (lr > 0 and math.isfinite(lr)):
+        raise _common.CliError(f"--lr must be a positive number, got {lr}")
+    if every < 1:
+        raise _common.CliError(f"--every must be >= 1, got {every}")
+    if args.w1_points < 10:
+        raise _common.CliError(f"--w1-points must be >= 10, got {args.w1_points}")
+    return {"n": n, "steps": steps, "lr": lr, "every": every}
+
+
+def run(args) -> dict:
+    from ..datasets import Flow2D, make_flow_2d
+    from ..demo import FINAL_TOL, FLOW_BLUR, FLOW_MASS, FLOW_P, FLOW_REACH, FLOW_TOL, _fig_flow
+    from ..detector import OutlierDetector
+    from ..weights import hard_weights
+
+    total = _common.Timer()
+    cfg = _settings(args)
+    n, steps, lr, every = cfg["n"], cfg["steps"], cfg["lr"], cfg["every"]
+    device = _common.resolve_device(args.device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    d = make_flow_2d(n, OUTLIER_FRAC, seed=args.seed, dtype=torch.float32)
+    alpha, beta0, is_out = d.alpha.to(device), d.beta0.to(device), d.alpha_outlier.to(device)
+    alpha_c = alpha[~is_out]
+
+    # detectors: fitted once, alpha (source) vs beta_0 (target), before the flows
+    tm = _common.Timer()
+    det_methods = ("vat", "ce") if args.ce else ("vat",)
+    dets = {k: OutlierDetector(method=k, seed=args.seed, progress=args.progress, device=device).fit(alpha, beta0)
+            for k in det_methods}
+    s_alpha = {k: dets[k].predict_proba(alpha).to(device, alpha.dtype) for k in dets}
+    detection = {}
+    for k in dets:
+        flagged = s_alpha[k] > 0.5
+        detection[k] = {"alpha_outliers_found": int((flagged & is_out).sum()), "n_alpha_outliers": int(is_out.sum()),
+                        "alpha_clean_flagged": int((flagged & ~is_out).sum())}
+    t_det = tm.read()
+
+    # fixed subsamples for W1 and the figures (linear memory at any n)
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    w_ic = subsample_index(len(alpha_c), args.w1_points, gen).to(device)
+    w_ib = subsample_index(n, args.w1_points, gen).to(device)
+    alpha_c_w = alpha_c[w_ic]
+
+    def w1(y):
+        return exact_w(alpha_c_w, y[w_ib], 1)
+
+    w0 = w1(beta0)
+    p_ia = subsample_index(n, PLOT_POINTS, gen)
+    p_ib = subsample_index(n, PLOT_POINTS, gen).to(device)
+    snap_steps = sorted({0, steps // 8, steps // 4, steps // 2, steps})
+
+    a = torch.full((n,), 1.0 / n, dtype=alpha.dtype, device=device)
+    b = torch.full((n,), 1.0 / n, dtype=alpha.dtype, device=device)
+    b_scaled = b * FLOW_MASS
+    beta_clean = torch.ones(n, dtype=alpha.dtype, device=device)  # P(target) = 1: beta's points are never flagged
+
+    def hard(k):
+        return hard_weights(a, s_alpha[k], b, beta_clean)[0]
+
+    specs = [
+        ("OT", dict(a=a, b=b, solver_kw={}, soft_scores=None)),
+        (f"UOT (KL, reach={FLOW_REACH:g})", dict(a=a, b=b, solver_kw=dict(penalty="kl", tau=FLOW_REACH**FLOW_P),
+                                                 soft_scores=None)),
+        (f"Partial OT (m={FLOW_MASS:g})", dict(a=a, b=b, solver_kw=dict(mass=FLOW_MASS), soft_scores=None)),
+    ]
+    if args.ce:
+        specs.append(("SROT-CE hard", dict(a=hard("ce"), b=b, solver_kw={}, soft_scores=None)))
+    specs += [
+        ("SROT hard", dict(a=hard("vat"), b=b, solver_kw={}, soft_scores=None)),
+        (f"SROT soft (partial m={FLOW_MASS:g})", dict(a=a, b=b, solver_kw=dict(mass=FLOW_MASS),
+                                                      soft_scores=s_alpha["vat"])),
+        ("SROT soft (rescaled)", dict(a=a, b=b_scaled, solver_kw=dict(mass=FLOW_MASS), soft_scores=s_alpha["vat"])),
+    ]
+    runs, methods = {}, {}
+    centre = beta0.mean(0)
+    for name, kw in specs:
+        r = run_flow(name, alpha, beta0, p=FLOW_P, eps=FLOW_BLUR**FLOW_P, lr=lr, steps=steps, every=every,
+                     evaluate=w1, tol=FLOW_TOL, final_tol=FINAL_TOL, backend=args.backend, progress=args.progress,
+                     snapshot_steps=snap_steps, snapshot_index=p_ib, w0=w0, **kw)
+        runs[name] = r
+        row = r["row_mass"]
+        moved = float(row.sum())
+        near = (r["beta_T"] - centre).norm(dim=1) < 1.0  # beta_T points left in beta_0's blob (3.3 sigma)
+        it = torch.tensor(r["iters"], dtype=torch.float64)
+        methods[name] = {
+            "W1_alpha_c_beta_T": r["curve"][-1][1],
+            "alpha_outlier_share": float(row[is_out].sum()) / moved if moved > 0 else float("nan"),
+            "transported_mass": moved,
+            "beta_T_left_at_outliers": float(near.double().mean()),
+            "mean_iters_per_step": float(it.mean()), "max_iters_per_step": int(it.max()),
+            "final_marginal_error": r["final_marginal_error"], "backend": r["backend"], "wall_s": r["wall_s"],
+            "W1_curve": [list(c) for c in r["curve"]], "loss_curve": r["values"],
+        }
+    t_flow = tm.read() - t_det
+
+    # figures
+    tm = _common.Timer()
+    files = {"flow2d_final": out / "flow2d_final.png", "flow2d_snapshots": out / "flow2d_snapshots.png",
+             "flow2d_w1": out / "flow2d_w1.png"}
+    sub = Flow2D(d.alpha[p_ia], d.alpha_outlier[p_ia], d.beta0[p_ib.cpu()])
+    _fig_flow({"data": sub, "runs": {k: {"beta_T": r["beta_T"][p_ib].cpu()} for k, r in runs.items()},
+               "methods": methods, "lr": lr, "steps": steps}, files["flow2d_final"], 80)
+    _fig_snapshots(sub, runs, snap_steps, files["flow2d_snapshots"])
+    _fig_curves(methods, w0, files["flow2d_w1"], len(w_ic), len(w_ib))
+    t_fig = tm.read()
+
+    claims = _claims(methods, detection)
+    config = {"quick": bool(args.quick), "seed": args.seed, "backend": args.backend, "device": str(device),
+              "threads": torch.get_num_threads(), "n": n, "steps": steps, "lr": lr, "w1_every": every,
+              "w1_points": args.w1_points, "w1_points_used": [len(w_ic), len(w_ib)], "p": FLOW_P, "blur": FLOW_BLUR,
+              "flow_tol": FLOW_TOL, "final_tol": FINAL_TOL, "uot_reach": FLOW_REACH, "partial_mass": FLOW_MASS,
+              "outlier_frac": OUTLIER_FRAC, "detector": "OutlierDetector(method='vat'/'ce'), fitted once on "
+                                                         "alpha (source) vs beta_0 (target)",
+              "snapshot_steps": snap_steps}
+    metrics = {"config": config, "results": {"W1_alpha_c_beta_0": w0, "methods": methods, "detection": detection},
+               "claims": claims,
+               "timing": {"detectors_s": t_det, "flows_s": round(t_flow, 2), "figures_s": t_fig,
+                          "total_s": total.read()},
+               "files": {k: str(v) for k, v in files.items()} | {"json": str(out / "metrics.json"),
+                                                                 "md": str(out / "metrics.md")}}
+    _common.write_metrics(out, metrics, _markdown(metrics))
+    return metrics
+
+
+def _claims(methods: dict, detection: dict) -> list:
+    out = []
+    robust = [k for k in methods if k.startswith(("SROT hard", "SROT soft"))]
+    classic = [k for k in methods if k.startswith(("OT", "UOT", "Partial"))]
+    for k in robust:
+        v = methods[k]["alpha_outlier_share"]
+        out.append(claim(f"{k} moves <= 1 % of its mass from alpha's outliers", v <= MAX_SROT_SHARE,
+                         f"share {100 * v:.2f} %"))
+    for k in classic:
+        v = methods[k]["alpha_outlier_share"]
+        out.append(claim(f"{k} moves >= the outliers' 10 % share from them", v >= OUTLIER_FRAC - SHARE_TOL,
+                         f"share {100 * v:.2f} %"))
+    w = {k: m["W1_alpha_c_beta_T"] for k, m in methods.items()}
+    part = next(k for k in methods if k.startswith("Partial"))
+    soft = next(k for k in methods if k.startswith("SROT soft (partial"))
+    out.append(claim("SROT hard ends closer to alpha_c than OT", w["SROT hard"] < w["OT"],
+                     f"W1 {w['SROT hard']:.4f} vs {w['OT']:.4f}"))
+    out.append(claim("SROT hard ends closer to alpha_c than partial OT", w["SROT hard"] < w[part],
+                     f"W1 {w['SROT hard']:.4f} vs {w[part]:.4f}"))
+    out.append(claim("partial OT does worse than OT (transports the outliers, leaves clean beta mass)",
+                     w[part] > w["OT"], f"W1 {w[part]:.4f} vs {w['OT']:.4f}"))
+    out.append(claim("SROT soft with rescaling ends closer to alpha_c than without",
+                     w["SROT soft (rescaled)"] < w[soft],
+                     f"W1 {w['SROT soft (rescaled)']:.4f} vs {w[soft]:.4f}"))
+    v = detection["vat"]
+    out.append(claim("the VAT detector flags all of alpha's outliers",
+                     v["alpha_outliers_found"] == v["n_alpha_outliers"],
+                     f"{v['alpha_outliers_found']}/{v['n_alpha_outliers']} found, {v['alpha_clean_flagged']} clean "
+                     "flagged"))
+    return out
+
+
+def _markdown(metrics: dict) -> str:
+    cfg, res = metrics["config"], metrics["results"]
+    rows = [[k, m["W1_alpha_c_beta_T"], f"{100 * m['alpha_outlier_share']:.2f} %", m["transported_mass"],
+             f"{100 * m['beta_T_left_at_outliers']:.1f} %", f"{m['mean_iters_per_step']:.1f}", m["wall_s"]]
+            for k, m in res["methods"].items()]
+    det = ", ".join(f"{k.upper()}: {v['alpha_outliers_found']}/{v['n_alpha_outliers']} outliers found, "
+                    f"{v['alpha_clean_flagged']} clean flagged" for k, v in res["detection"].items())
+    lines = [f"# srot-fast flow2d ({'quick' if cfg['quick'] else 'full'}, seed {cfg['seed']}, device {cfg['device']})",
+             "", f"n={cfg['n']} points per measure, {cfg['steps']} steps, lr={cfg['lr']:.4g}, p=1, blur={cfg['blur']}, "
+             f"{int(100 * cfg['outlier_frac'])} % type-II outliers in alpha. W1 = exact W1(alpha_c, beta_T) on "
+             f"{cfg['w1_points_used'][0]} x {cfg['w1_points_used'][1]} points; W1(alpha_c, beta_0) = "
+             f"{res['W1_alpha_c_beta_0']:.4f}. Outlier share = share of the transported mass leaving alpha's "
+             "outliers (plan at beta_T). 'left at outliers' = share of beta_T within distance 1 of beta_0's mean.", "",
+             _common.md_table(["method", "W1(alpha_c, beta_T)", "outlier share", "transported mass",
+                               "beta_T left at outliers", "Sinkhorn iters/step", "wall (s)"], rows),
+             "", f"Detectors (fitted once, alpha vs beta_0): {det}.", "", "## Claims", "",
+             _common.md_table(["claim", "passed", "detail"],
+                              [[c["claim"], "yes" if c["passed"] else "**NO**", c["detail"]]
+                               for c in metrics["claims"]]),
+             "", "Timing (s): " + ", ".join(f"{k} {v}" for k, v in metrics["timing"].items())
+             + f" ({cfg['threads']} torch thread(s)).", ""]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------ figures
+def _fig_snapshots(d, runs: dict, snap_steps: list, path: Path):
+    import matplotlib.pyplot as plt
+
+    names = list(runs)
+    fig, axes = plt.subplots(len(names), len(snap_steps), figsize=(2.2 * len(snap_steps), 1.25 * len(names) + 0.5),
+                             squeeze=False)
+    ac, ao = d.alpha[~d.alpha_outlier].numpy(), d.alpha[d.alpha_outlier].numpy()
+    for r, name in enumerate(names):
+        for c, t in enumerate(snap_steps):
+            ax = axes[r][c]
+            ax.scatter(*ac.T, s=1.5, c="#1f77b4", edgecolors="none")
+            ax.scatter(*runs[name]["snapshots"][t].numpy().T, s=1.5, c="#d62728", edgecolors="none", alpha=0.7)
+            ax.scatter(*ao.T, s=2.5, c="k", edgecolors="none")
+            ax.set_xlim(-1.4, 4.3)
+            ax.set_ylim(-1.4, 1.4)
+            ax.set_aspect("equal")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if r == 0:
+                ax.set_title(f"t = {t}", fontsize=8)
+            if c == 0:
+                ax.set_ylabel(name, fontsize=6.5)
+    fig.suptitle("beta_t (red) flowing to alpha = alpha_c (blue) + outliers (black)", fontsize=9)
+    fig.tight_layout()
+    _common.savefig(fig, path)
+
+
+def _fig_curves(methods: dict, w0: float, path: Path, n_c: int, n_b: int):
+    import matplotlib.pyplot as plt
+
+    fig, (ax_w, ax_h) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for name, m in methods.items():
+        ts, ws = zip(*m["W1_curve"])
+        ax_w.plot(ts, ws, marker="o", ms=2, lw=1.2, label=name)
+        h = torch.tensor(m["loss_curve"], dtype=torch.float64)
+        ax_h.plot(range(1, len(h) + 1), h.numpy(), lw=1.2, label=name)
+    ax_w.set_yscale("log")
+    ax_w.set_xlabel("flow step t")
+    ax_w.set_title(f"W1(alpha_c, beta_t), exact on {n_c} x {n_b} points (t=0: {w0:.3f})", fontsize=9)
+    ax_h.set_xlabel("flow step t")
+    ax_h.set_yscale("symlog", linthresh=1e-3)
+    ax_h.set_title("loss h(alpha, beta_t) (Sinkhorn value)", fontsize=9)
+    ax_h.legend(fontsize=7)
+    fig.tight_layout()
+    _common.savefig(fig, path)
