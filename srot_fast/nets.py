@@ -63,7 +63,7 @@ class ConvNet(nn.Module):
     The linear layer starts at zero (logit 0 for every input). With batch-norm the hidden features have unit
     scale from the start, so a random head would give logits that already vary by O(1) between inputs; the
     VAT consistency term, which pulls f(x + r) towards the current f(x), would then reinforce that random
-    labelling while the CE term (weight omega = 1e-3) is too weak to correct it (measured: inverted or
+    labelling while the CE term (weight omega: 1e-3 in the paper) is too weak to correct it (measured: inverted or
     collapsed classifiers on the real-image settings of docs/DETECTOR.md). A zero head starts flat, where the
     KL term and its gradient vanish and the CE term sets the sign of the classifier first.
 

@@ -298,6 +298,26 @@ def test_images_default_convnet():
         det.predict_proba(torch.zeros(3, 65))
 
 
+def test_omega_defaults():
+    """omega=None: the paper's 1e-3 on points, 3e-2 on images (docs/DETECTOR.md, "Choice of omega"); the value used
+    is ``omega_``, it drives the loss, an explicit omega wins, and it survives save / load."""
+    from srot_fast import detector as _det
+
+    assert (_det._POINT_OMEGA, _det._IMAGE_OMEGA) == (1e-3, 3e-2)
+    d = make_toy_2d(seed=0)
+    assert OutlierDetector(epochs=1, progress=False).fit(d.x, d.y).omega_ == 1e-3
+    src, tgt = _images(n=16)
+    small = dict(epochs=2, lr=3e-3, progress=False)
+    det = OutlierDetector(**small).fit(src, tgt)
+    assert det.omega is None and det.omega_ == 3e-2
+    pts = torch.cat([src, tgt])
+    p = det.predict_proba(pts)
+    assert torch.equal(OutlierDetector(omega=3e-2, **small).fit(src, tgt).predict_proba(pts), p)
+    paper = OutlierDetector(omega=1e-3, **small).fit(src, tgt)
+    assert paper.omega_ == 1e-3 and not torch.equal(paper.predict_proba(pts), p)
+    assert OutlierDetector(method="ce", **small).fit(src, tgt).omega_ == 3e-2      # stored, unused by CE
+
+
 def test_images_learn_and_any_shape():
     """Separable images are separated with the paper's defaults (a few epochs, lr 3e-3 to be quick), RGB
     non-square images and the fd reference run, and the fit is deterministic."""
@@ -377,6 +397,7 @@ def test_save_load(tmp_path):
     back = OutlierDetector.load(tmp_path / "conv.pt")
     assert isinstance(back.model, ConvNet) and back.model.widths == (4, 4, 8, 8, 8, 8)
     assert torch.equal(back.predict_proba(src), img.predict_proba(src)) and back.input_shape_ == (1, 8, 8)
+    assert back.omega is None and back.omega_ == img.omega_ == 3e-2
 
     user = OutlierDetector(_Logit1(2), epochs=1, progress=False).fit(d.x, d.y)
     user.save(tmp_path / "user.pt")

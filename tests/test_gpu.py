@@ -108,7 +108,7 @@ def test_detector_trains_on_cuda_images(power, tmp_path):
     src, tgt = 0.1 * torch.rand(64, 3, 7, 10, generator=g), 0.1 * torch.rand(64, 3, 7, 10, generator=g)
     src[:, :, :3, :5] += 0.8
     tgt[:, :, 3:, 5:] += 0.8
-    det = OutlierDetector(epochs=6, lr=3e-3, power=power, seed=0, progress=False).fit(src, tgt)  # images -> cuda
+    det = OutlierDetector(epochs=12, lr=3e-3, power=power, seed=0, progress=False).fit(src, tgt)  # images -> cuda
     assert next(det.model.parameters()).device.type == "cuda"
     ms, mt = det.outlier_masks(src, tgt)
     assert not ms.any() and not mt.any()
