@@ -4,7 +4,7 @@ Everything else is in pyproject.toml."""
 from setuptools import setup
 
 setup(
-    packages=["srot_fast", "srot_fast.kernels"],
+    packages=["srot_fast", "srot_fast.kernels", "srot_fast.experiments"],
     package_dir={"srot_fast": "srot_fast", "srot_fast.kernels": "kernels"},
     package_data={"srot_fast.kernels": ["csrc/*.cpp"]},
 )

@@ -84,3 +84,17 @@ def test_backends_are_lazy():
     assert "tensorized" in names
     assert importlib.util.find_spec("srot_fast.kernels.tensorized") is not None
     importlib.import_module("srot_fast.kernels.tensorized")
+
+
+def test_setup_lists_every_subpackage():
+    """Every folder of srot_fast/ with an __init__.py (and kernels/) is in setup.py's package list, so a
+    non-editable install (a wheel) ships it: the CLI imports srot_fast.experiments at start-up."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    tree = ast.parse((root / "setup.py").read_text())
+    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "setup")
+    listed = set(ast.literal_eval(next(k.value for k in call.keywords if k.arg == "packages")))
+    found = {"srot_fast"} | {"srot_fast." + p.parent.name for p in (root / "srot_fast").glob("*/__init__.py")}
+    assert found | {"srot_fast.kernels"} <= listed, sorted(found - listed)
