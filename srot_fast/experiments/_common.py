@@ -79,6 +79,17 @@ def _clean(obj):
     return obj
 
 
+def claim(text: str, passed: bool, detail: str) -> dict:
+    """One entry of metrics.json's "claims": a comparison the paper makes, whether it holds here, the numbers."""
+    return {"claim": text, "passed": bool(passed), "detail": detail}
+
+
+def claims_table(claims: list) -> str:
+    """The Markdown table of :func:`claim` entries."""
+    return md_table(["claim", "passed", "detail"], [[c["claim"], "yes" if c["passed"] else "**NO**", c["detail"]]
+                                                     for c in claims])
+
+
 def md_table(header: list, rows: list) -> str:
     """A Markdown table; floats with 4 significant digits."""
     def cell(v):

@@ -138,8 +138,51 @@ def run_flow(name: str, alpha: torch.Tensor, beta0: torch.Tensor, *, a: torch.Te
             "final_marginal_error": float(final.marginal_error), "backend": final.backend, "wall_s": timer.read()}
 
 
-def claim(text: str, passed: bool, detail: str) -> dict:
-    return {"claim": text, "passed": bool(passed), "detail": detail}
+claim = _common.claim
+
+
+def fit_detectors(alpha: torch.Tensor, beta0: torch.Tensor, is_out: torch.Tensor, methods, *, seed: int,
+                  progress: bool, device, **kw) -> tuple[dict, dict]:
+    """Detectors fitted once, alpha (source) vs beta_0 (target), before the flows: per method, alpha's (N,)
+    P(target) scores and a detection summary (outliers found, clean points flagged, eta, epochs)."""
+    from ..detector import OutlierDetector
+
+    scores, detection = {}, {}
+    for k in methods:
+        det = OutlierDetector(method=k, seed=seed, progress=progress, device=device, **kw).fit(alpha, beta0)
+        scores[k] = det.predict_proba(alpha).to(device, alpha.dtype)
+        flagged = scores[k] > 0.5
+        detection[k] = {"alpha_outliers_found": int((flagged & is_out).sum()), "n_alpha_outliers": int(is_out.sum()),
+                        "alpha_clean_flagged": int((flagged & ~is_out).sum()), "eta": det.eta_,
+                        "epochs": det.n_epochs_}
+    return scores, detection
+
+
+def flow_metrics(r: dict, is_out: torch.Tensor) -> dict:
+    """Metrics every flow reports from :func:`run_flow`'s result (the plan at beta_T, iterations, timing)."""
+    row = r["row_mass"]
+    moved = float(row.sum())
+    it = torch.tensor(r["iters"], dtype=torch.float64)
+    return {"alpha_outlier_share": float(row[is_out].sum()) / moved if moved > 0 else float("nan"),
+            "transported_mass": moved, "mean_iters_per_step": float(it.mean()), "max_iters_per_step": int(it.max()),
+            "final_marginal_error": r["final_marginal_error"], "backend": r["backend"], "wall_s": r["wall_s"],
+            "loss_curve": r["values"]}
+
+
+def detector_claim(detection: dict) -> dict:
+    v = detection["vat"]
+    return claim("the VAT detector flags all of alpha's outliers", v["alpha_outliers_found"] == v["n_alpha_outliers"],
+                 f"{v['alpha_outliers_found']}/{v['n_alpha_outliers']} found, {v['alpha_clean_flagged']} clean flagged")
+
+
+def markdown_tail(metrics: dict) -> list:
+    """Detectors, claims and timing lines of a flow's metrics.md."""
+    det = ", ".join(f"{k.upper()}: {v['alpha_outliers_found']}/{v['n_alpha_outliers']} outliers found, "
+                    f"{v['alpha_clean_flagged']} clean flagged" for k, v in metrics["results"]["detection"].items())
+    return ["", f"Detectors (fitted once, alpha vs beta_0): {det}.", "", "## Claims", "",
+            _common.claims_table(metrics["claims"]), "",
+            "Timing (s): " + ", ".join(f"{k} {v}" for k, v in metrics["timing"].items())
+            + f" ({metrics['config']['threads']} torch thread(s)).", ""]
 
 
 # --------------------------------------------------------------------------------------------------- run
@@ -165,7 +208,6 @@ def _settings(args) -> dict:
 def run(args) -> dict:
     from ..datasets import Flow2D, make_flow_2d
     from ..demo import FINAL_TOL, FLOW_BLUR, FLOW_MASS, FLOW_P, FLOW_REACH, FLOW_TOL, _fig_flow
-    from ..detector import OutlierDetector
     from ..weights import hard_weights
 
     total = _common.Timer()
@@ -180,15 +222,8 @@ def run(args) -> dict:
 
     # detectors: fitted once, alpha (source) vs beta_0 (target), before the flows
     tm = _common.Timer()
-    det_methods = ("vat", "ce") if args.ce else ("vat",)
-    dets = {k: OutlierDetector(method=k, seed=args.seed, progress=args.progress, device=device).fit(alpha, beta0)
-            for k in det_methods}
-    s_alpha = {k: dets[k].predict_proba(alpha).to(device, alpha.dtype) for k in dets}
-    detection = {}
-    for k in dets:
-        flagged = s_alpha[k] > 0.5
-        detection[k] = {"alpha_outliers_found": int((flagged & is_out).sum()), "n_alpha_outliers": int(is_out.sum()),
-                        "alpha_clean_flagged": int((flagged & ~is_out).sum())}
+    s_alpha, detection = fit_detectors(alpha, beta0, is_out, ("vat", "ce") if args.ce else ("vat",), seed=args.seed,
+                                       progress=args.progress, device=device)
     t_det = tm.read()
 
     # fixed subsamples for W1 and the figures (linear memory at any n)
@@ -234,19 +269,9 @@ def run(args) -> dict:
                      evaluate=w1, tol=FLOW_TOL, final_tol=FINAL_TOL, backend=args.backend, progress=args.progress,
                      snapshot_steps=snap_steps, snapshot_index=p_ib, w0=w0, **kw)
         runs[name] = r
-        row = r["row_mass"]
-        moved = float(row.sum())
         near = (r["beta_T"] - centre).norm(dim=1) < 1.0  # beta_T points left in beta_0's blob (3.3 sigma)
-        it = torch.tensor(r["iters"], dtype=torch.float64)
-        methods[name] = {
-            "W1_alpha_c_beta_T": r["curve"][-1][1],
-            "alpha_outlier_share": float(row[is_out].sum()) / moved if moved > 0 else float("nan"),
-            "transported_mass": moved,
-            "beta_T_left_at_outliers": float(near.double().mean()),
-            "mean_iters_per_step": float(it.mean()), "max_iters_per_step": int(it.max()),
-            "final_marginal_error": r["final_marginal_error"], "backend": r["backend"], "wall_s": r["wall_s"],
-            "W1_curve": [list(c) for c in r["curve"]], "loss_curve": r["values"],
-        }
+        methods[name] = {"W1_alpha_c_beta_T": r["curve"][-1][1], "beta_T_left_at_outliers": float(near.double().mean()),
+                         "W1_curve": [list(c) for c in r["curve"]], **flow_metrics(r, is_out)}
     t_flow = tm.read() - t_det
 
     # figures
@@ -257,7 +282,8 @@ def run(args) -> dict:
     _fig_flow({"data": sub, "runs": {k: {"beta_T": r["beta_T"][p_ib].cpu()} for k, r in runs.items()},
                "methods": methods, "lr": lr, "steps": steps}, files["flow2d_final"], 80)
     _fig_snapshots(sub, runs, snap_steps, files["flow2d_snapshots"])
-    _fig_curves(methods, w0, files["flow2d_w1"], len(w_ic), len(w_ib))
+    fig_curves(methods, w0, files["flow2d_w1"], len(w_ic), len(w_ib), metric="W1", linthresh=1e-3,
+               cost="cost |x-y|")
     t_fig = tm.read()
 
     claims = _claims(methods, detection)
@@ -302,11 +328,7 @@ def _claims(methods: dict, detection: dict) -> list:
     out.append(claim("SROT soft with rescaling ends closer to alpha_c than without",
                      w["SROT soft (rescaled)"] < w[soft],
                      f"W1 {w['SROT soft (rescaled)']:.4f} vs {w[soft]:.4f}"))
-    v = detection["vat"]
-    out.append(claim("the VAT detector flags all of alpha's outliers",
-                     v["alpha_outliers_found"] == v["n_alpha_outliers"],
-                     f"{v['alpha_outliers_found']}/{v['n_alpha_outliers']} found, {v['alpha_clean_flagged']} clean "
-                     "flagged"))
+    out.append(detector_claim(detection))
     return out
 
 
@@ -315,8 +337,6 @@ def _markdown(metrics: dict) -> str:
     rows = [[k, m["W1_alpha_c_beta_T"], f"{100 * m['alpha_outlier_share']:.2f} %", m["transported_mass"],
              f"{100 * m['beta_T_left_at_outliers']:.1f} %", f"{m['mean_iters_per_step']:.1f}", m["wall_s"]]
             for k, m in res["methods"].items()]
-    det = ", ".join(f"{k.upper()}: {v['alpha_outliers_found']}/{v['n_alpha_outliers']} outliers found, "
-                    f"{v['alpha_clean_flagged']} clean flagged" for k, v in res["detection"].items())
     lines = [f"# srot-fast flow2d ({'quick' if cfg['quick'] else 'full'}, seed {cfg['seed']}, device {cfg['device']})",
              "", f"n={cfg['n']} points per measure, {cfg['steps']} steps, lr={cfg['lr']:.4g}, p=1, blur={cfg['blur']}, "
              f"{int(100 * cfg['outlier_frac'])} % type-II outliers in alpha. W1 = exact W1(alpha_c, beta_T) on "
@@ -324,14 +344,8 @@ def _markdown(metrics: dict) -> str:
              f"{res['W1_alpha_c_beta_0']:.4f}. Outlier share = share of the transported mass leaving alpha's "
              "outliers (plan at beta_T). 'left at outliers' = share of beta_T within distance 1 of beta_0's mean.", "",
              _common.md_table(["method", "W1(alpha_c, beta_T)", "outlier share", "transported mass",
-                               "beta_T left at outliers", "Sinkhorn iters/step", "wall (s)"], rows),
-             "", f"Detectors (fitted once, alpha vs beta_0): {det}.", "", "## Claims", "",
-             _common.md_table(["claim", "passed", "detail"],
-                              [[c["claim"], "yes" if c["passed"] else "**NO**", c["detail"]]
-                               for c in metrics["claims"]]),
-             "", "Timing (s): " + ", ".join(f"{k} {v}" for k, v in metrics["timing"].items())
-             + f" ({cfg['threads']} torch thread(s)).", ""]
-    return "\n".join(lines)
+                               "beta_T left at outliers", "Sinkhorn iters/step", "wall (s)"], rows)]
+    return "\n".join(lines + markdown_tail(metrics))
 
 
 # ------------------------------------------------------------------------------------------------ figures
@@ -362,21 +376,22 @@ def _fig_snapshots(d, runs: dict, snap_steps: list, path: Path):
     _common.savefig(fig, path)
 
 
-def _fig_curves(methods: dict, w0: float, path: Path, n_c: int, n_b: int):
+def fig_curves(methods: dict, w0: float, path: Path, n_c: int, n_b: int, *, metric: str, linthresh: float,
+               cost: str):
+    """W(alpha_c, beta_t) (``metric``: "W1" / "W2", the ``<metric>_curve`` of each method) and loss curves."""
     import matplotlib.pyplot as plt
 
     fig, (ax_w, ax_h) = plt.subplots(1, 2, figsize=(10, 3.8))
     for name, m in methods.items():
-        ts, ws = zip(*m["W1_curve"])
+        ts, ws = zip(*m[f"{metric}_curve"])
         ax_w.plot(ts, ws, marker="o", ms=2, lw=1.2, label=name)
-        h = torch.tensor(m["loss_curve"], dtype=torch.float64)
-        ax_h.plot(range(1, len(h) + 1), h.numpy(), lw=1.2, label=name)
+        ax_h.plot(range(1, len(m["loss_curve"]) + 1), m["loss_curve"], lw=1.2, label=name)
     ax_w.set_yscale("log")
     ax_w.set_xlabel("flow step t")
-    ax_w.set_title(f"W1(alpha_c, beta_t), exact on {n_c} x {n_b} points (t=0: {w0:.3f})", fontsize=9)
+    ax_w.set_title(f"{metric}(alpha_c, beta_t), exact on {n_c} x {n_b} points (t=0: {w0:.3g})", fontsize=9)
     ax_h.set_xlabel("flow step t")
-    ax_h.set_yscale("symlog", linthresh=1e-3)
-    ax_h.set_title("loss h(alpha, beta_t) (Sinkhorn value)", fontsize=9)
+    ax_h.set_yscale("symlog", linthresh=linthresh)
+    ax_h.set_title(f"loss h(alpha, beta_t) (Sinkhorn value, {cost})", fontsize=9)
     ax_h.legend(fontsize=7)
     fig.tight_layout()
     _common.savefig(fig, path)

@@ -29,6 +29,17 @@ from pathlib import Path
 import torch
 
 from . import _common
+from .flow2d import (
+    claim,
+    detector_claim,
+    exact_w,
+    fig_curves,
+    fit_detectors,
+    flow_metrics,
+    markdown_tail,
+    run_flow,
+    subsample_index,
+)
 
 NAME = "flow-images"
 HELP = ("high-dimensional gradient flow on real images with 10 % Gaussian outliers (paper §4, CelebA -> "
@@ -129,9 +140,7 @@ def _nearest_is_outlier(y: torch.Tensor, alpha: torch.Tensor, is_out: torch.Tens
 # --------------------------------------------------------------------------------------------------- run
 def run(args) -> dict:
     from ..data import resize
-    from ..detector import OutlierDetector
     from ..weights import hard_weights
-    from .flow2d import exact_w, run_flow, subsample_index
 
     total = _common.Timer()
     cfg = _settings(args)
@@ -166,17 +175,8 @@ def run(args) -> dict:
     # MLP (the paper's ConvNet on the images did not finish one fit in 10 min on a loaded 1-thread CPU at
     # 1000 + 1000 16x16 images; the MLP takes ~25 s and flags all outliers with VAT)
     tm = _common.Timer()
-    det_methods = ("vat", "ce") if args.ce else ("vat",)
-    dets = {k: OutlierDetector(method=k, seed=args.seed, progress=args.progress, device=device,
-                               epochs=args.detector_epochs).fit(alpha, beta0)
-            for k in det_methods}
-    s_alpha = {k: dets[k].predict_proba(alpha).to(device, alpha.dtype) for k in dets}
-    detection = {}
-    for k in dets:
-        flagged = s_alpha[k] > 0.5
-        detection[k] = {"alpha_outliers_found": int((flagged & is_out).sum()), "n_alpha_outliers": k_out,
-                        "alpha_clean_flagged": int((flagged & ~is_out).sum()), "eta": dets[k].eta_,
-                        "epochs": dets[k].n_epochs_}
+    s_alpha, detection = fit_detectors(alpha, beta0, is_out, ("vat", "ce") if args.ce else ("vat",), seed=args.seed,
+                                       progress=args.progress, device=device, epochs=args.detector_epochs)
     t_det = tm.read()
 
     wgen = torch.Generator().manual_seed(args.seed + 1)
@@ -212,27 +212,20 @@ def run(args) -> dict:
     for name, kw in specs:
         r = run_flow(name, alpha, beta0, p=2, eps=eps, lr=lr, steps=steps, every=every, evaluate=w2, tol=args.tol,
                      final_tol=FINAL_TOL, backend=args.backend, progress=args.progress, w0=w0, **kw)
-        row, y = r["row_mass"], r["beta_T"]
-        moved = float(row.sum())
-        it = torch.tensor(r["iters"], dtype=torch.float64)
+        y = r["beta_T"]
         runs[name] = y[grid_idx].cpu()
-        methods[name] = {
-            "W2_alpha_c_beta_T": r["curve"][-1][1],
-            "alpha_outlier_share": float(row[is_out].sum()) / moved if moved > 0 else float("nan"),
-            "transported_mass": moved,
-            "beta_T_near_outliers": float(_nearest_is_outlier(y, alpha, is_out).double().mean()),
-            "final_loss": r["final_value"],
-            "mean_iters_per_step": float(it.mean()), "max_iters_per_step": int(it.max()),
-            "final_marginal_error": r["final_marginal_error"], "backend": r["backend"], "wall_s": r["wall_s"],
-            "W2_curve": [list(c) for c in r["curve"]], "loss_curve": r["values"],
-        }
+        methods[name] = {"W2_alpha_c_beta_T": r["curve"][-1][1],
+                         "beta_T_near_outliers": float(_nearest_is_outlier(y, alpha, is_out).double().mean()),
+                         "final_loss": r["final_value"], "W2_curve": [list(c) for c in r["curve"]],
+                         **flow_metrics(r, is_out)}
     t_flow = round(tm.read() - t_det, 2)
 
     tm = _common.Timer()
     files = {"flow_images_grids": out / "flow_images_grids.png", "flow_images_w2": out / "flow_images_w2.png"}
     _fig_grids(runs, methods, alpha[torch.cat([torch.arange(GRID * GRID - GRID), n_clean + torch.arange(GRID)])
                                      .to(device)].cpu(), beta0[grid_idx].cpu(), shape, files["flow_images_grids"])
-    _fig_curves(methods, w0, files["flow_images_w2"], len(w_ic), len(w_ib))
+    fig_curves(methods, w0, files["flow_images_w2"], len(w_ic), len(w_ib), metric="W2", linthresh=1e-2,
+               cost="cost |x-y|^2/2")
     t_fig = tm.read()
 
     config = {"quick": bool(args.quick), "seed": args.seed, "backend": args.backend, "device": str(device),
@@ -254,7 +247,6 @@ def run(args) -> dict:
 
 
 def _claims(methods: dict, detection: dict) -> list:
-    from .flow2d import claim
 
     out = []
     w = {k: m["W2_alpha_c_beta_T"] for k, m in methods.items()}
@@ -279,11 +271,7 @@ def _claims(methods: dict, detection: dict) -> list:
                      f"W {100 * near['W']:.1f} %"))
     out.append(claim("SROT soft without rescaling does not recover alpha_c as well as with it (supp. Fig. 7)",
                      w[soft] > w["SROT soft (rescaled)"], f"W2 {w[soft]:.3f} vs {w['SROT soft (rescaled)']:.3f}"))
-    v = detection["vat"]
-    out.append(claim("the VAT detector flags all of alpha's outliers",
-                     v["alpha_outliers_found"] == v["n_alpha_outliers"],
-                     f"{v['alpha_outliers_found']}/{v['n_alpha_outliers']} found, {v['alpha_clean_flagged']} clean "
-                     "flagged"))
+    out.append(detector_claim(detection))
     return out
 
 
@@ -292,8 +280,6 @@ def _markdown(metrics: dict) -> str:
     rows = [[k, m["W2_alpha_c_beta_T"], f"{100 * m['alpha_outlier_share']:.2f} %", m["transported_mass"],
              f"{100 * m['beta_T_near_outliers']:.1f} %", f"{m['mean_iters_per_step']:.1f}", m["wall_s"]]
             for k, m in res["methods"].items()]
-    det = ", ".join(f"{k.upper()}: {v['alpha_outliers_found']}/{v['n_alpha_outliers']} outliers found, "
-                    f"{v['alpha_clean_flagged']} clean flagged" for k, v in res["detection"].items())
     lines = [f"# srot-fast flow-images ({'quick' if cfg['quick'] else 'full'}, seed {cfg['seed']}, "
              f"device {cfg['device']})", "",
              f"alpha = {cfg['n_clean']} {cfg['dataset']} images ({'x'.join(map(str, cfg['image_shape'][1:]))}, in "
@@ -304,14 +290,8 @@ def _markdown(metrics: dict) -> str:
              "leaving alpha's outliers (plan at beta_T); 'near outliers' = share of beta_T whose nearest alpha "
              "point is an outlier.", "",
              _common.md_table(["method", "W2(alpha_c, beta_T)", "outlier share", "transported mass",
-                               "beta_T near outliers", "Sinkhorn iters/step", "wall (s)"], rows),
-             "", f"Detectors (fitted once, alpha vs beta_0): {det}.", "", "## Claims", "",
-             _common.md_table(["claim", "passed", "detail"],
-                              [[c["claim"], "yes" if c["passed"] else "**NO**", c["detail"]]
-                               for c in metrics["claims"]]),
-             "", "Timing (s): " + ", ".join(f"{k} {v}" for k, v in metrics["timing"].items())
-             + f" ({cfg['threads']} torch thread(s)).", ""]
-    return "\n".join(lines)
+                               "beta_T near outliers", "Sinkhorn iters/step", "wall (s)"], rows)]
+    return "\n".join(lines + markdown_tail(metrics))
 
 
 # ------------------------------------------------------------------------------------------------ figures
@@ -344,23 +324,4 @@ def _fig_grids(runs: dict, methods: dict, alpha_show, beta0_show, shape, path: P
             title = (f"{title}\nW2={m['W2_alpha_c_beta_T']:.2f}, near outl. {100 * m['beta_T_near_outliers']:.0f} %")
         ax.set_title(title, fontsize=7.5)
     fig.suptitle("final beta_T per loss (random 36 points; pixels clipped to [-1, 1])", fontsize=9)
-    _common.savefig(fig, path)
-
-
-def _fig_curves(methods: dict, w0: float, path: Path, n_c: int, n_b: int):
-    import matplotlib.pyplot as plt
-
-    fig, (ax_w, ax_h) = plt.subplots(1, 2, figsize=(10.5, 3.9))
-    for name, m in methods.items():
-        ts, ws = zip(*m["W2_curve"])
-        ax_w.plot(ts, ws, marker="o", ms=2, lw=1.2, label=name)
-        ax_h.plot(range(1, len(m["loss_curve"]) + 1), m["loss_curve"], lw=1.2, label=name)
-    ax_w.set_xlabel("flow step t")
-    ax_w.set_yscale("log")
-    ax_w.set_title(f"W2(alpha_c, beta_t), exact on {n_c} x {n_b} points (t=0: {w0:.2f})", fontsize=9)
-    ax_h.set_xlabel("flow step t")
-    ax_h.set_yscale("symlog", linthresh=1e-2)
-    ax_h.set_title("loss h(alpha, beta_t) (Sinkhorn value, cost |x-y|^2/2)", fontsize=9)
-    ax_h.legend(fontsize=7)
-    fig.tight_layout()
     _common.savefig(fig, path)

@@ -374,7 +374,7 @@ def run(args) -> dict:
           _common.md_table(["outlier rate", "outliers", "detector recall", "clean flagged"],
                            [[f"{float(k):.0%}", v["n_outliers"], v["outlier_recall"], v["clean_flagged_share"]]
                             for k, v in detection.items()]), "",
-          _common.md_table(["claim", "passed", "detail"], [[c["claim"], c["passed"], c["detail"]] for c in claims]),
+          _common.claims_table(claims),
           "", f"Wall time {timing['total_s']} s."]
     _common.write_metrics(out, metrics, "\n".join(md) + "\n")
     return metrics

@@ -314,7 +314,7 @@ def run(args) -> dict:
           f"Detector: recall {detection['target_outlier_recall']:.3f}, clean target flagged "
           f"{detection['target_clean_flagged']:.3f}, source flagged {detection['source_flagged']:.3f}", "",
           "## Claims", "",
-          _common.md_table(["claim", "passed", "detail"], [[c["claim"], c["passed"], c["detail"]] for c in claims]),
+          _common.claims_table(claims),
           "", f"Wall time {timing['total_s']} s (detector {timing['detector_s']} s)."]
     _common.write_metrics(out, metrics, "\n".join(md) + "\n")
     return metrics

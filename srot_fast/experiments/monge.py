@@ -375,7 +375,7 @@ def run(args) -> dict:
           _common.md_table(header, table), "",
           f"Detector: recall {detection['recall']:.3f}, clean flagged {detection['clean_flagged']:.3f}, "
           f"target flagged {detection['target_flagged']:.3f}", "", "## Claims", "",
-          _common.md_table(["claim", "passed", "detail"], [[c["claim"], c["passed"], c["detail"]] for c in claims]),
+          _common.claims_table(claims),
           "", f"Wall time {timing['total_s']} s (detector {timing['detector_s']} s)."]
     _common.write_metrics(out, metrics, "\n".join(md) + "\n")
     return metrics
