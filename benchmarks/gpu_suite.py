@@ -306,7 +306,7 @@ def section_flash(args) -> dict:
         res["flash_sinkhorn"] = f"not importable: {type(e).__name__}: {e}"[:300]
         return res
     res["flash_sinkhorn_version"] = getattr(flash_sinkhorn, "__version__", None)
-    for tf32 in (False, True):
+    for tf32 in (False, True) if args.flash_tf32 else (False,):
         key = f"flash_sinkhorn_tf32_{'on' if tf32 else 'off'}"
         try:
             fl = flash_sinkhorn.SamplesLoss("sinkhorn", p=2, blur=blur, scaling=0.5, debias=False, half_cost=True,
@@ -317,7 +317,18 @@ def section_flash(args) -> dict:
             res[key] = f"{type(e).__name__}: {e}"[:500]
     if isinstance(res.get("flash_sinkhorn_tf32_off"), dict):
         res["srot_over_flash_time_ratio"] = res["srot"]["median_s"] / res["flash_sinkhorn_tf32_off"]["median_s"]
+    res["triton_tuned_configs"] = _tuned_configs()
     return res
+
+
+def _tuned_configs():
+    """The Triton launch configurations the autotuner chose so far (empty off GPU)."""
+    try:
+        from srot_fast.kernels import triton_softmin
+
+        return triton_softmin.tuned_configs()
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"[:300]
 
 
 def section_flow(args) -> dict:
@@ -367,12 +378,15 @@ def section_flow(args) -> dict:
     if done == 0:
         return dict(n=n, failure=failure)
     total = sum(times)
+    rest = times[1:]  # step 0 includes compilation and autotuning of the kernels
     return dict(failure=failure, first_step=failure_probe, n=n, steps_requested=steps, steps_done=done,
-                max_iter=iters, lr=lr, seconds=total,
+                max_iter=iters, lr=lr, seconds=total, first_step_s=times[0],
+                seconds_without_first=sum(rest),
                 backend=loss.last_result.backend,
                 seconds_per_step_median=sorted(times)[done // 2], n_iter_mean=sum(n_iters) / done,
-                extrapolated_seconds_for_all_steps=total / done * steps,
-                final_mean_radius=float(x.norm(dim=1).mean()))
+                extrapolated_seconds_for_all_steps=(times[0] + sum(rest) / max(len(rest), 1) * (steps - 1)
+                                                    if rest else total * steps),
+                final_mean_radius=float(x.norm(dim=1).mean()), triton_tuned_configs=_tuned_configs())
 
 
 # ------------------------------------------------------------------------------------------------- main
@@ -388,6 +402,7 @@ def main(argv=None) -> int:
     ap.add_argument("--flash-n", type=int, default=50000)
     ap.add_argument("--flow-n", type=int, default=100000)
     ap.add_argument("--flow-steps", type=int, default=400)
+    ap.add_argument("--flash-tf32", action="store_true", help="also time flash-sinkhorn with its TF32 default")
     ap.add_argument("--wheels", default=None, help="folder with a flash_sinkhorn wheel to pip install (offline)")
     ap.add_argument("--workdir", default=None, help="where the pytest-benchmark JSON files go (default: next to --out)")
     ap.add_argument("--budget-tests", type=float, default=200)

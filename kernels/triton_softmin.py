@@ -73,13 +73,19 @@ __all__ = [
     "weighted_mean_fwd",
     "plan_argmax_fwd",
     "max_sq_fwd",
+    "tuned_configs",
 ]
 
 _MAX_D_WMEAN = 64  # largest D of the one-pass (small-d) weighted_mean
+_MAX_D_WMEAN_DOT = 128  # largest D of the one-pass tl.dot weighted_mean (float32)
 _DOT_MIN_D = 32  # D from which 'auto' forms distances with tl.dot (large-d path)
 
 
 # ------------------------------------------------------------------------------------------ kernels
+# Logits are carried in base 2 (exp2 / log2 are single hardware instructions): the launchers pass
+# h * log2(e) and prm = [log2(e) / eps, eps * ln(2)], so every tile computes
+# l_ij = log2(e) * (h_j - C_ij / eps) and out_i = -eps ln(2) (max_j l_ij + log2 sum_j 2^(l_ij - max)).
+# D is a compile-time constant (one compiled kernel per D): the coordinate loop of the small-d path unrolls.
 @triton.jit
 def _sq_dist_tile(
     x_ptr,  # (N, D) row points, row-major
@@ -88,42 +94,55 @@ def _sq_dist_tile(
     rmask,  # (BLOCK_N,) rows < N
     cols,  # (BLOCK_M,) column indices of this tile
     cmask,  # (BLOCK_M,) cols < M
-    D,  # number of coordinates
     stride_x,  # elements between two rows of x
     stride_y,  # elements between two rows of y
+    D: tl.constexpr,  # number of coordinates
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
-    """(BLOCK_N, BLOCK_M) squared distances, one coordinate at a time (small-d path)."""
+    """(BLOCK_N, BLOCK_M) squared distances, one coordinate at a time (small-d path; unrolled for D <= 16)."""
     sq = tl.zeros((BLOCK_N, BLOCK_M), dtype=x_ptr.dtype.element_ty)
-    for k in range(0, D):
-        xk = tl.load(x_ptr + rows * stride_x + k, mask=rmask, other=0.0)
-        yk = tl.load(y_ptr + cols * stride_y + k, mask=cmask, other=0.0)
-        diff = xk[:, None] - yk[None, :]
-        sq += diff * diff
+    if D <= 16:
+        for k in tl.static_range(D):
+            xk = tl.load(x_ptr + rows * stride_x + k, mask=rmask, other=0.0)
+            yk = tl.load(y_ptr + cols * stride_y + k, mask=cmask, other=0.0)
+            diff = xk[:, None] - yk[None, :]
+            sq += diff * diff
+    else:
+        for k in range(0, D):
+            xk = tl.load(x_ptr + rows * stride_x + k, mask=rmask, other=0.0)
+            yk = tl.load(y_ptr + cols * stride_y + k, mask=cmask, other=0.0)
+            diff = xk[:, None] - yk[None, :]
+            sq += diff * diff
     return sq
 
 
 @triton.jit
-def _sq_dist_dot_tile(
+def _sq_from_dot(xy, xx, yy, coinc):
+    """Squared distances |x|^2 + |y|^2 - 2 x.y of a tile from its cross term ``xy`` (BLOCK_N, BLOCK_M) and
+    the squared norms; below the rounding noise (relative ``coinc``) -> 0, which also clamps negatives."""
+    nrm = xx[:, None] + yy[None, :]
+    sq = nrm - 2.0 * xy
+    return tl.where(sq > coinc * nrm, sq, 0.0)
+
+
+@triton.jit
+def _xy_dot_tile(
     x_ptr,  # (N, D) row points (centred by the launcher), row-major
     y_ptr,  # (M, D) column points (same centring), row-major
-    xx_ptr,  # (N,) |x_i|^2
-    yy_ptr,  # (M,) |y_j|^2
     rows,  # (BLOCK_N,) row indices of this program
     rmask,  # (BLOCK_N,) rows < N
     cols,  # (BLOCK_M,) column indices of this tile
     cmask,  # (BLOCK_M,) cols < M
-    D,  # number of coordinates
     stride_x,  # elements between two rows of x
     stride_y,  # elements between two rows of y
-    coinc,  # relative threshold: |x - y|^2 <= coinc * (|x|^2 + |y|^2) counts as 0 (rounding noise)
+    D: tl.constexpr,  # number of coordinates
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,  # coordinates per tl.dot step (>= 16)
 ):
-    """(BLOCK_N, BLOCK_M) squared distances |x|^2 + |y|^2 - 2 x.y, the cross term by tl.dot over chunks
-    of BLOCK_K coordinates at full fp32 (or fp64) accuracy: input_precision="ieee", never TF32 (large-d path)."""
+    """(BLOCK_N, BLOCK_M) cross terms x_i.y_j by tl.dot over chunks of BLOCK_K coordinates at full fp32
+    accuracy: input_precision="ieee", never TF32 (large-d path)."""
     xy = tl.zeros((BLOCK_N, BLOCK_M), dtype=x_ptr.dtype.element_ty)
     ks = tl.arange(0, BLOCK_K)
     for k0 in range(0, D, BLOCK_K):
@@ -132,36 +151,57 @@ def _sq_dist_dot_tile(
         x_t = tl.load(x_ptr + rows[:, None] * stride_x + kk[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
         y_t = tl.load(y_ptr + cols[:, None] * stride_y + kk[None, :], mask=cmask[:, None] & kmask[None, :], other=0.0)
         xy = tl.dot(x_t, tl.trans(y_t), xy, input_precision="ieee")
+    return xy
+
+
+@triton.jit
+def _sq_dist_dot_tile(
+    x_ptr, y_ptr,  # (N, D), (M, D) points (centred by the launcher)
+    xx_ptr, yy_ptr,  # (N,) |x_i|^2, (M,) |y_j|^2
+    rows, rmask, cols, cmask, stride_x, stride_y,
+    coinc,  # relative threshold: |x - y|^2 <= coinc * (|x|^2 + |y|^2) counts as 0 (rounding noise)
+    D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """(BLOCK_N, BLOCK_M) squared distances |x|^2 + |y|^2 - 2 x.y (large-d path)."""
+    xy = _xy_dot_tile(x_ptr, y_ptr, rows, rmask, cols, cmask, stride_x, stride_y, D, BLOCK_N, BLOCK_M, BLOCK_K)
     xx = tl.load(xx_ptr + rows, mask=rmask, other=0.0)
     yy = tl.load(yy_ptr + cols, mask=cmask, other=0.0)
-    nrm = xx[:, None] + yy[None, :]
-    sq = nrm - 2.0 * xy
-    return tl.where(sq > coinc * nrm, sq, 0.0)  # also clamps the negative rounding residue at 0
+    return _sq_from_dot(xy, xx, yy, coinc)
 
 
 @triton.jit
 def _sq_tile(
-    x_ptr, y_ptr, xx_ptr, yy_ptr, rows, rmask, cols, cmask, D, stride_x, stride_y, coinc,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
+    x_ptr, y_ptr, xx_ptr, yy_ptr, rows, rmask, cols, cmask, stride_x, stride_y, coinc,
+    D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
 ):
     """Squared distances of one tile by the large-d (``DOT``) or the small-d path."""
     if DOT:
-        sq = _sq_dist_dot_tile(x_ptr, y_ptr, xx_ptr, yy_ptr, rows, rmask, cols, cmask, D, stride_x, stride_y,
-                               coinc, BLOCK_N, BLOCK_M, BLOCK_K)
+        sq = _sq_dist_dot_tile(x_ptr, y_ptr, xx_ptr, yy_ptr, rows, rmask, cols, cmask, stride_x, stride_y,
+                               coinc, D, BLOCK_N, BLOCK_M, BLOCK_K)
     else:
-        sq = _sq_dist_tile(x_ptr, y_ptr, rows, rmask, cols, cmask, D, stride_x, stride_y, BLOCK_N, BLOCK_M)
+        sq = _sq_dist_tile(x_ptr, y_ptr, rows, rmask, cols, cmask, stride_x, stride_y, D, BLOCK_N, BLOCK_M)
     return sq
 
 
 @triton.jit
-def _logits_tile(sq, h_ptr, cols, cmask, inv_eps, P: tl.constexpr):
-    """(BLOCK_N, BLOCK_M) logits h_j - C_ij / eps; -inf on padding columns."""
-    if P == 1:
-        c = tl.sqrt(sq)
-    else:
-        c = 0.5 * sq
+def _logits_tile(sq, h_ptr, cols, cmask, cscale, P: tl.constexpr):
+    """(BLOCK_N, BLOCK_M) logits h_j - C_ij / eps in the units of ``h`` (base 2 or e; ``cscale`` = the
+    matching 1 / eps for p = 1, 1 / (2 eps) for p = 2); -inf on padding columns."""
     h = tl.load(h_ptr + cols, mask=cmask, other=float("-inf"))
-    return h[None, :] - c * inv_eps
+    if P == 1:
+        logit = h[None, :] - tl.sqrt(sq) * cscale
+    else:
+        logit = h[None, :] - sq * cscale
+    return logit
+
+
+@triton.jit
+def _cost_scale(prm_ptr, P: tl.constexpr):
+    """log2(e) / eps (p = 1) or log2(e) / (2 eps) (p = 2), from prm = [log2(e) / eps, eps ln 2]."""
+    inv2 = tl.load(prm_ptr)
+    if P == 2:
+        inv2 = 0.5 * inv2
+    return inv2
 
 
 @triton.jit
@@ -170,39 +210,50 @@ def _softmin_fwd_kernel(
     y_ptr,  # (M, D) column points
     xx_ptr,  # (N,) |x_i|^2 (large-d path only; unused otherwise)
     yy_ptr,  # (M,) |y_j|^2 (large-d path only)
-    h_ptr,  # (M,) column log-weights, may hold -inf
-    prm_ptr,  # (2,) [1 / eps, eps] in the input dtype
+    h_ptr,  # (M,) column log-weights times log2(e), may hold -inf
+    prm_ptr,  # (2,) [log2(e) / eps, eps ln 2] in the input dtype
     out_ptr,  # (N,) output: -eps * LSE_j[h_j - C_ij / eps]
     N,
     M,
-    D,
     stride_x,
     stride_y,
     coinc,  # large-d path: relative |x - y|^2 below which a pair counts as coincident
+    SIZE_KEY,  # unused by the kernel: the autotuner's size bucket
+    D: tl.constexpr,  # number of coordinates
     P: tl.constexpr,  # cost exponent, 1 or 2
+    DOT: tl.constexpr,  # True: large-d path (tl.dot cross term); False: small-d path
+    FOLD: tl.constexpr,  # DOT and P == 2: |x_i|^2 and |y_j|^2 folded out of the per-pair work
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    DOT: tl.constexpr,  # True: large-d path (tl.dot cross term); False: small-d path
 ):
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
-    inv_eps = tl.load(prm_ptr)
-    eps = tl.load(prm_ptr + 1)
-    m_i = tl.full((BLOCK_N,), float("-inf"), dtype=x_ptr.dtype.element_ty)  # running max
-    s_i = tl.zeros((BLOCK_N,), dtype=x_ptr.dtype.element_ty)  # running sum of exp(l - m_i)
+    cscale = _cost_scale(prm_ptr, P)
+    eps_ln2 = tl.load(prm_ptr + 1)
+    m_i = tl.full((BLOCK_N,), float("-inf"), dtype=x_ptr.dtype.element_ty)  # running max (base 2)
+    s_i = tl.zeros((BLOCK_N,), dtype=x_ptr.dtype.element_ty)  # running sum of 2^(l - m_i)
     for j0 in range(0, M, BLOCK_M):
         cols = j0 + tl.arange(0, BLOCK_M)
         cmask = cols < M
-        sq = _sq_tile(x_ptr, y_ptr, xx_ptr, yy_ptr, rows, rmask, cols, cmask, D, stride_x, stride_y, coinc,
-                      BLOCK_N, BLOCK_M, BLOCK_K, DOT)
-        logit = _logits_tile(sq, h_ptr, cols, cmask, inv_eps, P)
+        if FOLD:  # one FMA per pair after the dot: l_ij = (h_j - c |y_j|^2) + 2 c x_i.y_j, row term later
+            xy = _xy_dot_tile(x_ptr, y_ptr, rows, rmask, cols, cmask, stride_x, stride_y, D, BLOCK_N, BLOCK_M,
+                              BLOCK_K)
+            yy = tl.load(yy_ptr + cols, mask=cmask, other=0.0)
+            bias = tl.load(h_ptr + cols, mask=cmask, other=float("-inf")) - cscale * yy
+            logit = bias[None, :] + xy * (2.0 * cscale)
+        else:
+            sq = _sq_tile(x_ptr, y_ptr, xx_ptr, yy_ptr, rows, rmask, cols, cmask, stride_x, stride_y, coinc,
+                          D, BLOCK_N, BLOCK_M, BLOCK_K, DOT)
+            logit = _logits_tile(sq, h_ptr, cols, cmask, cscale, P)
         m_new = tl.maximum(m_i, tl.max(logit, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: keep exp(-inf) = 0
-        s_i = s_i * tl.exp(m_i - m_safe) + tl.sum(tl.exp(logit - m_safe[:, None]), 1)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: keep 2^-inf = 0
+        s_i = s_i * tl.exp2(m_i - m_safe) + tl.sum(tl.exp2(logit - m_safe[:, None]), 1)
         m_i = m_new
-    out = tl.where(s_i > 0, -eps * (m_i + tl.log(tl.where(s_i > 0, s_i, 1.0))), float("inf"))
+    if FOLD:  # the row term -c |x_i|^2 of every logit
+        m_i = m_i - cscale * tl.load(xx_ptr + rows, mask=rmask, other=0.0)
+    out = tl.where(s_i > 0, -eps_ln2 * (m_i + tl.log2(tl.where(s_i > 0, s_i, 1.0))), float("inf"))
     tl.store(out_ptr + rows, out, mask=rmask)
 
 
@@ -210,27 +261,29 @@ def _softmin_fwd_kernel(
 def _weighted_mean_fwd_kernel(
     x_ptr,  # (N, D) row points
     y_ptr,  # (M, D) column points
-    h_ptr,  # (M,) column log-weights, may hold -inf
-    prm_ptr,  # (2,) [1 / eps, eps]
+    h_ptr,  # (M,) column log-weights times log2(e), may hold -inf
+    prm_ptr,  # (2,) [log2(e) / eps, eps ln 2]
     out_ptr,  # (N, D) output, row-major
     N,
     M,
-    D,
     stride_x,
     stride_y,
+    SIZE_KEY,  # unused: the autotuner's size bucket
+    D: tl.constexpr,
     P: tl.constexpr,
     UNIT: tl.constexpr,  # True: phi = (x - y) / |x - y| (0 at x = y); False: phi = y
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,  # power of two >= D
 ):
-    """Small-d weighted mean (D <= 64): one pass, running max and rescaled (BLOCK_N, BLOCK_D) accumulator."""
+    """Small-d weighted mean (D <= 64): one pass, running max and rescaled (BLOCK_N, BLOCK_D) accumulator,
+    products summed by broadcasting (float64, and float32 below the tl.dot path's D)."""
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
     dims = tl.arange(0, BLOCK_D)
     dmask = dims < D
-    inv_eps = tl.load(prm_ptr)
+    cscale = _cost_scale(prm_ptr, P)
     x_t = tl.load(
         x_ptr + rows[:, None] * stride_x + dims[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0
     )  # (BLOCK_N, BLOCK_D)
@@ -240,12 +293,12 @@ def _weighted_mean_fwd_kernel(
     for j0 in range(0, M, BLOCK_M):
         cols = j0 + tl.arange(0, BLOCK_M)
         cmask = cols < M
-        sq = _sq_dist_tile(x_ptr, y_ptr, rows, rmask, cols, cmask, D, stride_x, stride_y, BLOCK_N, BLOCK_M)
-        logit = _logits_tile(sq, h_ptr, cols, cmask, inv_eps, P)
+        sq = _sq_dist_tile(x_ptr, y_ptr, rows, rmask, cols, cmask, stride_x, stride_y, D, BLOCK_N, BLOCK_M)
+        logit = _logits_tile(sq, h_ptr, cols, cmask, cscale, P)
         m_new = tl.maximum(m_i, tl.max(logit, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        w = tl.exp(logit - m_safe[:, None])  # (BLOCK_N, BLOCK_M)
+        alpha = tl.exp2(m_i - m_safe)
+        w = tl.exp2(logit - m_safe[:, None])  # (BLOCK_N, BLOCK_M)
         s_i = s_i * alpha + tl.sum(w, 1)
         y_t = tl.load(
             y_ptr + cols[:, None] * stride_y + dims[None, :], mask=cmask[:, None] & dmask[None, :], other=0.0
@@ -262,22 +315,87 @@ def _weighted_mean_fwd_kernel(
 
 
 @triton.jit
+def _weighted_mean_dot_kernel(
+    x_ptr,  # (N, D) row points (centred by the launcher), row-major
+    y_ptr,  # (M, D) column points (same centring), row-major
+    xx_ptr,  # (N,) |x_i|^2
+    yy_ptr,  # (M,) |y_j|^2
+    h_ptr,  # (M,) column log-weights times log2(e), may hold -inf
+    prm_ptr,  # (2,) [log2(e) / eps, eps ln 2]
+    out_ptr,  # (N, D) output, row-major: sum_j w_ij y_j (centred) or sum_j w_ij (x_i - y_j) / |x_i - y_j|
+    N,
+    M,
+    stride_x,
+    stride_y,
+    coinc,
+    SIZE_KEY,  # unused: the autotuner's size bucket
+    D: tl.constexpr,
+    P: tl.constexpr,
+    UNIT: tl.constexpr,  # True: phi = (x - y) / |x - y| (0 at x = y); False: phi = y
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,  # power of two >= max(D, 16)
+):
+    """float32 weighted mean for 16 <= BLOCK_D <= 128, one pass (the FlashAttention pattern): each column
+    tile of y is loaded once, forms the cross term x.y^T with tl.dot and adds tl.dot(w, y) into a
+    rescaled (BLOCK_N, BLOCK_D) register accumulator; both dots at fp32 accuracy (input_precision="ieee")."""
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < N
+    dims = tl.arange(0, BLOCK_D)
+    dmask = dims < D
+    cscale = _cost_scale(prm_ptr, P)
+    x_t = tl.load(
+        x_ptr + rows[:, None] * stride_x + dims[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0
+    )  # (BLOCK_N, BLOCK_D), loaded once
+    xx = tl.load(xx_ptr + rows, mask=rmask, other=0.0)
+    m_i = tl.full((BLOCK_N,), float("-inf"), dtype=x_ptr.dtype.element_ty)
+    s_i = tl.zeros((BLOCK_N,), dtype=x_ptr.dtype.element_ty)  # sum of w
+    u_i = tl.zeros((BLOCK_N,), dtype=x_ptr.dtype.element_ty)  # UNIT: sum of w / |x - y|
+    acc = tl.zeros((BLOCK_N, BLOCK_D), dtype=x_ptr.dtype.element_ty)
+    for j0 in range(0, M, BLOCK_M):
+        cols = j0 + tl.arange(0, BLOCK_M)
+        cmask = cols < M
+        y_t = tl.load(
+            y_ptr + cols[:, None] * stride_y + dims[None, :], mask=cmask[:, None] & dmask[None, :], other=0.0
+        )  # (BLOCK_M, BLOCK_D)
+        yy = tl.load(yy_ptr + cols, mask=cmask, other=0.0)
+        xy = tl.dot(x_t, tl.trans(y_t), input_precision="ieee")
+        sq = _sq_from_dot(xy, xx, yy, coinc)
+        logit = _logits_tile(sq, h_ptr, cols, cmask, cscale, P)
+        m_new = tl.maximum(m_i, tl.max(logit, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        w = tl.exp2(logit - m_safe[:, None])
+        s_i = s_i * alpha + tl.sum(w, 1)
+        if UNIT:
+            w = tl.where(sq > 0, w / tl.sqrt(tl.where(sq > 0, sq, 1.0)), 0.0)
+            u_i = u_i * alpha + tl.sum(w, 1)
+        acc = tl.dot(w, y_t, acc * alpha[:, None], input_precision="ieee")
+        m_i = m_new
+    if UNIT:  # sum_j w'_ij (x_i - y_j) = x_i sum_j w'_ij - sum_j w'_ij y_j (the centring cancels)
+        acc = x_t * u_i[:, None] - acc
+    out = acc / s_i[:, None]
+    tl.store(out_ptr + rows[:, None] * D + dims[None, :], out, mask=rmask[:, None] & dmask[None, :])
+
+
+@triton.jit
 def _weighted_sum_dot_kernel(
     x_ptr,  # (N, D) row points (centred)
     y_ptr,  # (M, D) column points (centred)
     xx_ptr,  # (N,) |x_i|^2
     yy_ptr,  # (M,) |y_j|^2
-    h_ptr,  # (M,) column log-weights, may hold -inf
-    lse_ptr,  # (N,) LSE_j[h_j - C_ij / eps] from a first (softmin) pass: normalises the weights
-    prm_ptr,  # (2,) [1 / eps, eps]
+    h_ptr,  # (M,) column log-weights times log2(e), may hold -inf
+    lse_ptr,  # (N,) log2 sum_j 2^(l_ij) from a first (softmin) pass: normalises the weights
+    prm_ptr,  # (2,) [log2(e) / eps, eps ln 2]
     acc_ptr,  # (N, D) output, zero-initialised: sum_j w'_ij y_j, row-major
     wsum_ptr,  # (N,) output: sum_j w'_ij
     N,
     M,
-    D,
     stride_x,
     stride_y,
     coinc,
+    D: tl.constexpr,
     P: tl.constexpr,
     UNIT: tl.constexpr,  # True: w'_ij = w_ij / |x_i - y_j| (0 at x = y); False: w'_ij = w_ij
     BLOCK_N: tl.constexpr,
@@ -285,23 +403,23 @@ def _weighted_sum_dot_kernel(
     BLOCK_K: tl.constexpr,
     DOT: tl.constexpr,  # True (float32): tl.dot; False (float64): broadcast products summed over the tile
 ):
-    """Large-d weighted sum, second pass: with w_ij = exp(h_j - C_ij / eps - lse_i) already normalised,
-    each column tile adds w' @ y_tile into the program's own rows of ``acc`` chunk by chunk of BLOCK_K
-    coordinates (read-modify-write in global memory: no (BLOCK_N, D) register accumulator)."""
+    """Large-d weighted sum, second pass: with w_ij = 2^(l_ij - lse_i) already normalised, each column
+    tile adds w' @ y_tile into the program's own rows of ``acc`` chunk by chunk of BLOCK_K coordinates
+    (read-modify-write in global memory: no (BLOCK_N, D) register accumulator)."""
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
-    inv_eps = tl.load(prm_ptr)
+    cscale = _cost_scale(prm_ptr, P)
     lse = tl.load(lse_ptr + rows, mask=rmask, other=0.0)
     wsum = tl.zeros((BLOCK_N,), dtype=x_ptr.dtype.element_ty)
     ks = tl.arange(0, BLOCK_K)
     for j0 in range(0, M, BLOCK_M):
         cols = j0 + tl.arange(0, BLOCK_M)
         cmask = cols < M
-        sq = _sq_tile(x_ptr, y_ptr, xx_ptr, yy_ptr, rows, rmask, cols, cmask, D, stride_x, stride_y, coinc,
-                      BLOCK_N, BLOCK_M, BLOCK_K, DOT)
-        logit = _logits_tile(sq, h_ptr, cols, cmask, inv_eps, P)
-        w = tl.exp(logit - lse[:, None])  # (BLOCK_N, BLOCK_M), rows sum to 1 over all tiles
+        sq = _sq_tile(x_ptr, y_ptr, xx_ptr, yy_ptr, rows, rmask, cols, cmask, stride_x, stride_y, coinc,
+                      D, BLOCK_N, BLOCK_M, BLOCK_K, DOT)
+        logit = _logits_tile(sq, h_ptr, cols, cmask, cscale, P)
+        w = tl.exp2(logit - lse[:, None])  # (BLOCK_N, BLOCK_M), rows sum to 1 over all tiles
         if UNIT:
             w = tl.where(sq > 0, w / tl.sqrt(tl.where(sq > 0, sq, 1.0)), 0.0)
         wsum += tl.sum(w, 1)
@@ -328,33 +446,33 @@ def _plan_argmax_fwd_kernel(
     y_ptr,  # (M, D) column points
     xx_ptr,  # (N,) |x_i|^2 (large-d path only)
     yy_ptr,  # (M,) |y_j|^2 (large-d path only)
-    h_ptr,  # (M,) column log-weights
-    prm_ptr,  # (2,) [1 / eps, eps]
+    h_ptr,  # (M,) column log-weights times log2(e)
+    prm_ptr,  # (2,) [log2(e) / eps, eps ln 2]
     out_ptr,  # (N,) int64 output
     N,
     M,
-    D,
     stride_x,
     stride_y,
     coinc,
+    D: tl.constexpr,
     P: tl.constexpr,
+    DOT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    DOT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
-    inv_eps = tl.load(prm_ptr)
+    cscale = _cost_scale(prm_ptr, P)
     best = tl.full((BLOCK_N,), float("-inf"), dtype=x_ptr.dtype.element_ty)
     arg = tl.zeros((BLOCK_N,), dtype=tl.int64)
     for j0 in range(0, M, BLOCK_M):
         cols = j0 + tl.arange(0, BLOCK_M)
         cmask = cols < M
-        sq = _sq_tile(x_ptr, y_ptr, xx_ptr, yy_ptr, rows, rmask, cols, cmask, D, stride_x, stride_y, coinc,
-                      BLOCK_N, BLOCK_M, BLOCK_K, DOT)
-        logit = _logits_tile(sq, h_ptr, cols, cmask, inv_eps, P)
+        sq = _sq_tile(x_ptr, y_ptr, xx_ptr, yy_ptr, rows, rmask, cols, cmask, stride_x, stride_y, coinc,
+                      D, BLOCK_N, BLOCK_M, BLOCK_K, DOT)
+        logit = _logits_tile(sq, h_ptr, cols, cmask, cscale, P)
         t_max = tl.max(logit, 1)
         t_arg = tl.argmax(logit, 1, tie_break_left=True).to(tl.int64) + j0
         upd = t_max > best  # strict: the first maximal index wins, as torch.argmax
@@ -372,14 +490,14 @@ def _max_sq_fwd_kernel(
     out_ptr,  # (N,) output: max_j |x_i - y_j|^2
     N,
     M,
-    D,
     stride_x,
     stride_y,
     coinc,
+    D: tl.constexpr,
+    DOT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    DOT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -388,13 +506,102 @@ def _max_sq_fwd_kernel(
     for j0 in range(0, M, BLOCK_M):
         cols = j0 + tl.arange(0, BLOCK_M)
         cmask = cols < M
-        sq = _sq_tile(x_ptr, y_ptr, xx_ptr, yy_ptr, rows, rmask, cols, cmask, D, stride_x, stride_y, coinc,
-                      BLOCK_N, BLOCK_M, BLOCK_K, DOT)
+        sq = _sq_tile(x_ptr, y_ptr, xx_ptr, yy_ptr, rows, rmask, cols, cmask, stride_x, stride_y, coinc,
+                      D, BLOCK_N, BLOCK_M, BLOCK_K, DOT)
         best = tl.maximum(best, tl.max(tl.where(cmask[None, :], sq, 0.0), 1))
     tl.store(out_ptr + rows, best, mask=rmask)
 
 
+# -------------------------------------------------------------------------------------- autotuning
+def _configs(blocks, names=("BLOCK_N", "BLOCK_M", "BLOCK_K")):
+    """triton.Config list from (block sizes..., num_warps, num_stages) tuples."""
+    return [triton.Config(dict(zip(names, b[:-2])), num_warps=b[-2], num_stages=b[-1]) for b in blocks]
+
+
+# Candidates benchmarked on the first large call per (kernel, D, P, path, dtype, size bucket) on a GPU.
+# (BLOCK_N, BLOCK_M, BLOCK_K, num_warps, num_stages); BLOCK_K is unused on the small-d path.
+_CFG_DOT = _configs([
+    (64, 64, 32, 4, 2), (64, 64, 32, 4, 3), (128, 64, 32, 8, 3), (128, 64, 32, 4, 3), (64, 128, 32, 4, 3),
+    (64, 128, 32, 8, 3), (128, 128, 32, 8, 3), (128, 128, 32, 8, 2), (128, 64, 16, 8, 3), (64, 64, 16, 4, 3),
+    (128, 32, 32, 4, 3), (64, 64, 64, 4, 3),
+])
+_CFG_SMALL = _configs([
+    (32, 64, 16, 4, 1), (64, 64, 16, 4, 1), (64, 128, 16, 4, 1), (128, 64, 16, 4, 1), (128, 128, 16, 8, 1),
+    (64, 256, 16, 8, 1), (128, 128, 16, 4, 1), (256, 64, 16, 8, 1), (32, 128, 16, 4, 1),
+])
+# weighted means: (BLOCK_N, BLOCK_M, num_warps, num_stages)
+_CFG_WMEAN_DOT = _configs([
+    (64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 3), (128, 32, 4, 3), (64, 32, 4, 3), (128, 128, 8, 2),
+    (32, 64, 4, 3),
+], names=("BLOCK_N", "BLOCK_M"))
+_CFG_WMEAN_SMALL = _configs([
+    (16, 32, 4, 1), (32, 64, 4, 1), (64, 64, 4, 1), (64, 128, 8, 1), (128, 64, 8, 1), (32, 128, 4, 1),
+], names=("BLOCK_N", "BLOCK_M"))
+_TUNE_MIN_PAIRS = 1 << 26  # N * M from which a launch is tuned (~67M pairs, e.g. 8192^2); fixed blocks below
+
+
+def _prune_register_tiles(configs, named_args, **kwargs):
+    """Small-d weighted mean: drop configs whose (BLOCK_N, BLOCK_M, BLOCK_D) broadcast exceeds 16k values."""
+    bd = kwargs.get("BLOCK_D", named_args.get("BLOCK_D", 1))
+    keep = [c for c in configs if c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_M"] * bd <= 16384]
+    return keep or configs[:1]
+
+
+def _bench(fn, quantiles=None):
+    """Autotuner timing: one call (compile, warm-up), then the median / min / max of 3 timed calls (ms).
+    Not triton.testing.do_bench: it allocates a 256 MB buffer to flush the L2 cache, which would break
+    the O(N + M) memory promise on the first call."""
+    fn()
+    times = []
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return [times[1], times[0], times[2]] if quantiles else times[1]
+
+
+def _autotune(kernel, configs, key, prune=None):
+    kw = dict(configs=configs, key=key, do_bench=_bench)
+    if prune is not None:
+        kw["prune_configs_by"] = {"early_config_prune": prune}
+    return triton.autotune(**kw)(kernel)
+
+
+_TUNED = {
+    "softmin_dot": _autotune(_softmin_fwd_kernel, _CFG_DOT, ["D", "P", "DOT", "SIZE_KEY"]),
+    "softmin_small": _autotune(_softmin_fwd_kernel, _CFG_SMALL, ["D", "P", "DOT", "SIZE_KEY"]),
+    "wmean_dot": _autotune(_weighted_mean_dot_kernel, _CFG_WMEAN_DOT, ["D", "P", "UNIT", "SIZE_KEY"]),
+    "wmean_small": _autotune(_weighted_mean_fwd_kernel, _CFG_WMEAN_SMALL, ["D", "P", "UNIT", "SIZE_KEY"],
+                             prune=_prune_register_tiles),
+}
+
+
+def _tune(x: torch.Tensor, n: int, m: int, fixed) -> bool:
+    """Autotune this launch? Only on a GPU (not the interpreter), from ``_TUNE_MIN_PAIRS`` pairs, when no
+    block size was given and ``SROT_TRITON_AUTOTUNE`` is not '0'."""
+    return (x.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1" and n * m >= _TUNE_MIN_PAIRS
+            and not any(fixed) and os.environ.get("SROT_TRITON_AUTOTUNE", "1") != "0")
+
+
+def _size_key(n: int, m: int) -> int:
+    """Autotuning bucket: sizes within a factor 2 share a tuned config."""
+    return n.bit_length() * 64 + m.bit_length()
+
+
+def tuned_configs() -> dict:
+    """{kernel: {tuning key: chosen config}} of the launches autotuned so far in this process."""
+    return {name: {str(k): str(c) for k, c in kern.cache.items()} for name, kern in _TUNED.items()}
+
+
 # ---------------------------------------------------------------------------------------- launchers
+_LOG2E = 1.4426950408889634
+_LN2 = 0.6931471805599453
+
+
 def _check(x, y, h=None, p=1):
     check_operands(x, y, h, p, allow_empty=True)  # empty clouds: refused below, after the dtype checks
     if x.dtype not in (torch.float32, torch.float64):
@@ -409,7 +616,13 @@ def _check(x, y, h=None, p=1):
 
 
 def _prm(x, eps):
-    return torch.tensor([1.0 / eps, eps], dtype=x.dtype, device=x.device)
+    """[log2(e) / eps, eps ln 2] in x's dtype and device (a Python float would be specialised to float32)."""
+    return torch.tensor([_LOG2E / eps, eps * _LN2], dtype=x.dtype, device=x.device)
+
+
+def _h2(h):
+    """Column log-weights in base 2 (-inf stays -inf)."""
+    return (h.detach() * _LOG2E).contiguous()
 
 
 def _use_dot(path: str, d: int, dtype: torch.dtype) -> bool:
@@ -442,57 +655,74 @@ def _operands(x, y, dot: bool):
     return xc, yc, (xc * xc).sum(1), (yc * yc).sum(1), coinc, centre
 
 
-def softmin_fwd(x, y, h, eps, p, *, path="auto", block_n=None, block_m=None, block_k=32, num_warps=4):
+def softmin_fwd(x, y, h, eps, p, *, path="auto", block_n=None, block_m=None, block_k=None, num_warps=None):
     """Launcher of :func:`softmin`. ``path``: 'small' (coordinate loop), 'dot' (tl.dot, fp32-exact) or
-    'auto' ('dot' for D >= 32). Block sizes are powers of two (>= 16 on the dot path); defaults
-    32 x 64 (small), 64 x 64 x 32 (dot)."""
+    'auto' ('dot' for D >= 32). Block sizes are powers of two (>= 16 on the dot path). On a GPU from
+    ``_TUNE_MIN_PAIRS`` pairs with no block size given, the blocks are autotuned (``_CFG_DOT`` /
+    ``_CFG_SMALL``); otherwise defaults 32 x 64 (small), 64 x 64 x 32 (dot), 4 warps."""
     _check(x, y, h, p)
     n, d = x.shape
     m = y.shape[0]
     dot = _use_dot(path, d, x.dtype)
-    block_n = block_n or (64 if dot else 32)
-    block_m = block_m or 64
     x, y, xx, yy, coinc, _ = _operands(x, y, dot)
-    h = h.detach().contiguous()
     out = torch.empty(n, dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(n, block_n),)
-    _softmin_fwd_kernel[grid](
-        x, y, xx, yy, h, _prm(x, eps), out, n, m, d, x.stride(0), y.stride(0), coinc,
-        P=p, BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, DOT=dot, num_warps=num_warps,
+    args = (x, y, xx, yy, _h2(h), _prm(x, eps), out, n, m, x.stride(0), y.stride(0), coinc, _size_key(n, m))
+    if _tune(x, n, m, (block_n, block_m, block_k, num_warps)):
+        kern = _TUNED["softmin_dot" if dot else "softmin_small"]
+        kern[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, D=d, P=p, DOT=dot, FOLD=dot and p == 2)
+        return out
+    block_n = block_n or (64 if dot else 32)
+    _softmin_fwd_kernel[(triton.cdiv(n, block_n),)](
+        *args, D=d, P=p, DOT=dot, FOLD=dot and p == 2, BLOCK_N=block_n, BLOCK_M=block_m or 64,
+        BLOCK_K=block_k or 32, num_warps=num_warps or 4,
     )
     return out
 
 
-def weighted_mean_fwd(x, y, h, eps, p, phi="y", *, path="auto", block_n=None, block_m=None, block_k=32,
-                      num_warps=4):
-    """Launcher of :func:`weighted_mean`. 'small' path (D <= 64): one streaming pass. 'dot' path (any D;
-    'auto' takes it for D > 64): a softmin pass for the row normalisers, then a pass accumulating
-    tl.dot(w, y) into the (N, D) output. Defaults 16 x 32 (small), 64 x 64 x 32 (dot)."""
+def weighted_mean_fwd(x, y, h, eps, p, phi="y", *, path="auto", block_n=None, block_m=None, block_k=None,
+                      num_warps=None):
+    """Launcher of :func:`weighted_mean`. Paths: 'small' (D <= 64): one streaming pass, products summed by
+    broadcasting; 'dot' (float32 only; 'auto' takes it for 32 <= D): for D <= 128 one streaming pass with
+    both x.y^T and w @ y by tl.dot, for D > 128 a softmin pass for the row normalisers then a pass adding
+    tl.dot(w, y) into the (N, D) output. float64 above D = 64: the two passes with exact differences and
+    register sums. Autotuned on a GPU as :func:`softmin_fwd` (one-pass kernels); defaults 16 x 32 (small),
+    64 x 64 (dot, one pass), 64 x 64 x 32 (two passes)."""
     _check(x, y, h, p)
     if phi not in ("y", "grad"):
         raise ValueError(f"phi must be 'y' or 'grad', got {phi!r}")
     n, d = x.shape
     m = y.shape[0]
-    _use_dot(path, d, x.dtype)  # argument check: path='dot' is float32 only
-    if path == "auto":
-        path = "dot" if d > _MAX_D_WMEAN else "small"
+    dot = _use_dot(path, d, x.dtype)  # also the argument check: path='dot' is float32 only
     if path == "small" and d > _MAX_D_WMEAN:
         raise ValueError(f"the small-d weighted_mean path takes D <= {_MAX_D_WMEAN} (got {d}); use path='dot'")
     unit = phi == "grad" and p == 1
+    fixed = (block_n, block_m, block_k, num_warps)
     x0 = x
-    if path == "dot":  # two passes; float32: tl.dot, float64: exact differences and broadcast sums
-        dot = _use_dot("auto" if x.dtype == torch.float64 else "dot", d, x.dtype)
+    if dot and d <= _MAX_D_WMEAN_DOT:  # float32, one pass, tl.dot
+        x, y, xx, yy, coinc, centre = _operands(x, y, True)
+        out = torch.empty(n, d, dtype=x.dtype, device=x.device)
+        args = (x, y, xx, yy, _h2(h), _prm(x, eps), out, n, m, x.stride(0), y.stride(0), coinc, _size_key(n, m))
+        const = dict(D=d, P=p, UNIT=unit, BLOCK_D=max(16, triton.next_power_of_2(d)))
+        if _tune(x, n, m, fixed):
+            _TUNED["wmean_dot"][lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **const)
+        else:
+            block_n = block_n or 64
+            _weighted_mean_dot_kernel[(triton.cdiv(n, block_n),)](
+                *args, **const, BLOCK_N=block_n, BLOCK_M=block_m or 64, num_warps=num_warps or 4)
+        if not unit and centre is not None:  # mean of the centred y_j: undo the centring
+            out += centre
+    elif dot or d > _MAX_D_WMEAN:  # two passes: float32 tl.dot, or float64 exact differences and broadcast sums
         block_n, block_m = block_n or (64 if dot else 16), block_m or (64 if dot else 16)
-        block_k = block_k if dot else min(block_k, 16)
-        lse = softmin_fwd(x, y, h, eps, p, path="dot" if dot else "small", block_n=block_n, block_m=block_m,
-                          block_k=block_k, num_warps=num_warps) / -eps
+        block_k = block_k or (32 if dot else 16)
+        lse2 = softmin_fwd(x, y, h, eps, p, path="dot" if dot else "small", block_n=block_n, block_m=block_m,
+                           block_k=block_k, num_warps=num_warps) / -(eps * _LN2)
         x, y, xx, yy, coinc, centre = _operands(x, y, dot)
-        h = h.detach().contiguous()
         acc = torch.zeros(n, d, dtype=x.dtype, device=x.device)
         wsum = torch.empty(n, dtype=x.dtype, device=x.device)
         _weighted_sum_dot_kernel[(triton.cdiv(n, block_n),)](
-            x, y, xx, yy, h, lse.contiguous(), _prm(x, eps), acc, wsum, n, m, d, x.stride(0), y.stride(0), coinc,
-            P=p, UNIT=unit, BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, DOT=dot, num_warps=num_warps,
+            x, y, xx, yy, _h2(h), lse2.contiguous(), _prm(x, eps), acc, wsum, n, m, x.stride(0), y.stride(0),
+            coinc, D=d, P=p, UNIT=unit, BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, DOT=dot,
+            num_warps=num_warps or 4,
         )
         if unit:  # sum_j w'_ij (x_i - y_j) = x_i sum_j w'_ij - sum_j w'_ij y_j (centring cancels)
             out = x * wsum[:, None] - acc
@@ -500,51 +730,50 @@ def weighted_mean_fwd(x, y, h, eps, p, phi="y", *, path="auto", block_n=None, bl
             out = acc + centre * wsum[:, None]
         else:
             out = acc
-    else:
-        block_n, block_m = block_n or 16, block_m or 32
-        x, y, h = x.detach().contiguous(), y.detach().contiguous(), h.detach().contiguous()
+    else:  # small path, one pass
+        x, y = x.detach().contiguous(), y.detach().contiguous()
         out = torch.empty(n, d, dtype=x.dtype, device=x.device)
-        _weighted_mean_fwd_kernel[(triton.cdiv(n, block_n),)](
-            x, y, h, _prm(x, eps), out, n, m, d, x.stride(0), y.stride(0),
-            P=p, UNIT=unit, BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_D=max(2, triton.next_power_of_2(d)),
-            num_warps=num_warps,
-        )
+        args = (x, y, _h2(h), _prm(x, eps), out, n, m, x.stride(0), y.stride(0), _size_key(n, m))
+        const = dict(D=d, P=p, UNIT=unit, BLOCK_D=max(2, triton.next_power_of_2(d)))
+        if _tune(x, n, m, fixed):
+            _TUNED["wmean_small"][lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **const)
+        else:
+            block_n = block_n or 16
+            _weighted_mean_fwd_kernel[(triton.cdiv(n, block_n),)](
+                *args, **const, BLOCK_N=block_n, BLOCK_M=block_m or 32, num_warps=num_warps or 4)
     if phi == "grad" and p == 2:
         out = x0.detach() - out
     return out
 
 
-def plan_argmax_fwd(x, y, h, eps, p, *, path="auto", block_n=None, block_m=None, block_k=32, num_warps=4):
-    """Launcher of :func:`plan_argmax` (paths and block sizes as :func:`softmin_fwd`)."""
+def plan_argmax_fwd(x, y, h, eps, p, *, path="auto", block_n=None, block_m=None, block_k=None, num_warps=None):
+    """Launcher of :func:`plan_argmax` (paths and default block sizes as :func:`softmin_fwd`; not tuned)."""
     _check(x, y, h, p)
     n, d = x.shape
     m = y.shape[0]
     dot = _use_dot(path, d, x.dtype)
     block_n = block_n or (64 if dot else 32)
-    block_m = block_m or 64
     x, y, xx, yy, coinc, _ = _operands(x, y, dot)
-    h = h.detach().contiguous()
     out = torch.empty(n, dtype=torch.int64, device=x.device)
     _plan_argmax_fwd_kernel[(triton.cdiv(n, block_n),)](
-        x, y, xx, yy, h, _prm(x, eps), out, n, m, d, x.stride(0), y.stride(0), coinc,
-        P=p, BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, DOT=dot, num_warps=num_warps,
+        x, y, xx, yy, _h2(h), _prm(x, eps), out, n, m, x.stride(0), y.stride(0), coinc,
+        D=d, P=p, DOT=dot, BLOCK_N=block_n, BLOCK_M=block_m or 64, BLOCK_K=block_k or 32, num_warps=num_warps or 4,
     )
     return out
 
 
-def max_sq_fwd(x, y, *, path="auto", block_n=None, block_m=None, block_k=32, num_warps=4):
-    """(N,) max_j |x_i - y_j|^2 (launcher behind :func:`max_cost`; paths as :func:`softmin_fwd`)."""
+def max_sq_fwd(x, y, *, path="auto", block_n=None, block_m=None, block_k=None, num_warps=None):
+    """(N,) max_j |x_i - y_j|^2 (launcher behind :func:`max_cost`; paths as :func:`softmin_fwd`; not tuned)."""
     _check(x, y)
     n, d = x.shape
     m = y.shape[0]
     dot = _use_dot(path, d, x.dtype)
     block_n = block_n or (64 if dot else 32)
-    block_m = block_m or 64
     x, y, xx, yy, coinc, _ = _operands(x, y, dot)
     out = torch.empty(n, dtype=x.dtype, device=x.device)
     _max_sq_fwd_kernel[(triton.cdiv(n, block_n),)](
-        x, y, xx, yy, out, n, m, d, x.stride(0), y.stride(0), coinc,
-        BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, DOT=dot, num_warps=num_warps,
+        x, y, xx, yy, out, n, m, x.stride(0), y.stride(0), coinc,
+        D=d, DOT=dot, BLOCK_N=block_n, BLOCK_M=block_m or 64, BLOCK_K=block_k or 32, num_warps=num_warps or 4,
     )
     return out
 

@@ -2,6 +2,7 @@
 
 - Sinkhorn / SROTLoss on the Triton backend with CUDA tensors against 'tensorized' on the same device,
   float32 (TF32 off) and float64, small d and the large-d ``tl.dot`` path, values and gradients;
+- autotuned launches (n = m = 8192) against float64;
 - 'auto' picks Triton on CUDA; results stay on the input device;
 - no n x m buffer: CUDA allocator peak of a Triton solve at n = m = 20k far below 4 n m bytes;
 - the VAT detector trains on CUDA (points and images, fused and fd power steps), finds the toy's type-II
@@ -36,6 +37,30 @@ def _clouds(n, m, d, dtype, seed=0):
     s_x = torch.rand(n, generator=g, dtype=torch.float64) * 0.98 + 0.01
     s_y = torch.rand(m, generator=g, dtype=torch.float64) * 0.98 + 0.01
     return [t.to("cuda", dtype) for t in (x, y, s_x, s_y)]
+
+
+@pytest.mark.parametrize("prim,d,p", [("softmin", 2, 1), ("softmin", 64, 2), ("weighted_mean", 64, 2)])
+def test_autotuned_launches_match_float64(prim, d, p):
+    """At n = m = 8192 (2^26 pairs, the tuning threshold) the launch is autotuned over the candidate blocks;
+    the chosen kernel's rows match a float64 reference (256 rows against all columns)."""
+    from srot_fast.kernels import tensorized as ref
+    from srot_fast.kernels import triton_softmin as tri
+
+    n = 8192
+    x, y, _, _ = _clouds(n, n, d, torch.float32)
+    h = torch.full((n,), -torch.log(torch.tensor(float(n))).item(), device="cuda")
+    eps = 0.05 * float(ref.max_cost(x[:256].double(), y[:256].double(), p))
+    before = sum(len(v) for v in tri.tuned_configs().values())
+    if prim == "softmin":
+        out = tri.softmin(x, y, h, eps, p)[:256].double()
+        want = ref.softmin(x[:256].double(), y.double(), h.double(), eps, p)
+        tol = 1e-5 * float(want.abs().max()) + 1e-4 * eps
+    else:
+        out = tri.weighted_mean(x, y, h, eps, p, "grad")[:256].double()
+        want = ref.weighted_mean(x[:256].double(), y.double(), h.double(), eps, p, "grad")
+        tol = 2e-5
+    assert sum(len(v) for v in tri.tuned_configs().values()) == before + 1  # one new tuned launch
+    assert float((out - want).abs().max()) < tol
 
 
 @pytest.mark.parametrize("d,dtype,p", [(2, torch.float32, 1), (2, torch.float32, 2), (2, torch.float64, 1),

@@ -295,6 +295,45 @@ def test_triton_dot_path_small_blocks(prim, p):
 
 
 @pytest.mark.triton
+@pytest.mark.parametrize("d", [40, 128, 129])
+@pytest.mark.parametrize("p", [1, 2])
+def test_triton_weighted_mean_float32_paths(d, p):
+    """float32 weighted_mean by 'auto': one tl.dot pass for 32 <= D <= 128 (both dots in one kernel), two
+    passes above; 16 x 16 blocks so rows and columns span several tiles; a coincident pair."""
+    mod = _backend("triton")
+    x, y, h, scale = _problem(d, torch.float32, p, n=23, m=37)
+    x[4] = y[7]
+    for phi in ("y", "grad"):
+        out = mod.weighted_mean_fwd(x, y, h, 0.05 * scale, p, phi, block_n=16, block_m=16, block_k=16)
+        assert torch.isfinite(out).all()
+        expected = _ref64(ref.weighted_mean, x, y, h.double(), 0.05 * scale, p, phi)
+        _close(out, expected, torch.float32, y.abs().max().item() + x.abs().max().item())
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("table", ["_CFG_DOT", "_CFG_SMALL", "_CFG_WMEAN_DOT", "_CFG_WMEAN_SMALL"])
+def test_triton_every_autotune_candidate_is_correct(table):
+    """Each block configuration the GPU autotuner may pick gives the reference numbers (run here with fixed
+    blocks under the interpreter; num_warps / num_stages only matter on a GPU)."""
+    mod = _backend("triton")
+    for cfg in getattr(mod, table):
+        kw = dict(block_n=cfg.kwargs["BLOCK_N"], block_m=cfg.kwargs["BLOCK_M"])
+        for p in (1, 2):
+            if table in ("_CFG_DOT", "_CFG_SMALL"):
+                d = 37 if table == "_CFG_DOT" else 3
+                x, y, h, scale = _problem(d, torch.float32, p)
+                out = mod.softmin_fwd(x, y, h, 0.05 * scale, p, path="dot" if d == 37 else "small",
+                                      block_k=cfg.kwargs["BLOCK_K"], **kw)
+                _close(out, _ref64(ref.softmin, x, y, h.double(), 0.05 * scale, p), torch.float32, scale)
+            else:
+                d = 37 if table == "_CFG_WMEAN_DOT" else 3
+                x, y, h, scale = _problem(d, torch.float32, p)
+                out = mod.weighted_mean_fwd(x, y, h, 0.05 * scale, p, "grad", **kw)
+                expected = _ref64(ref.weighted_mean, x, y, h.double(), 0.05 * scale, p, "grad")
+                _close(out, expected, torch.float32, 10.0)
+
+
+@pytest.mark.triton
 def test_triton_float64_never_takes_the_dot_path():
     """float64: 'auto' at large D uses the exact difference form (float64 tl.dot failed to compile on an
     H200), path='dot' is refused, and weighted_mean's two-pass path for D > 64 sums in registers."""
@@ -329,7 +368,7 @@ def test_triton_dot_path_asks_for_ieee():
     import inspect
 
     mod = _backend("triton")
-    for fn in (mod._sq_dist_dot_tile, mod._weighted_sum_dot_kernel):
+    for fn in (mod._xy_dot_tile, mod._weighted_sum_dot_kernel, mod._weighted_mean_dot_kernel):
         calls = re.findall(r"= tl\.dot\((.*)\)", inspect.getsource(fn.fn))
         assert calls and all('input_precision="ieee"' in c for c in calls), calls
         src = inspect.getsource(fn.fn)
