@@ -15,8 +15,9 @@ that a run cut short still leaves what it measured:
 - ``sinkhorn``:   ``benchmarks/bench_sinkhorn.py`` (SROTLoss soft KL p = 1 loss + gradient vs GeomLoss online /
                   tensorized and POT, equal iterations) on n = m in ``--sinkhorn-sizes``;
 - ``flash``:      p = 2, d = 64, n = m = ``--flash-n`` (50k): SROTLoss(backend='triton') loss + gradient vs
-                  ``flash_sinkhorn.SamplesLoss`` (same blur, scaling, debias off, half cost; TF32 off and,
-                  separately, its default TF32 on) -- skipped with the reason when not importable;
+                  ``flash_sinkhorn.SamplesLoss`` (same blur, scaling, debias off, half cost, TF32 off; with
+                  ``--flash-tf32`` also its TF32 default) at equal soft-min passes (2 L + 4: SROTLoss with
+                  ``max_iter = L``; also timed with L + 1) -- skipped with the reason when not importable;
 - ``flow``:       a 2-D gradient flow of ``--flow-n`` (100k) points for ``--flow-steps`` (400) steps of
                   x <- x - lr * grad / a with SROTLoss(p=2, blur=0.05); stops at its budget and extrapolates.
 
@@ -57,11 +58,14 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def _version(mod: str):
+def _version(dist: str):
+    """Installed version of a distribution, without importing it (importing pykeops compiles its engine)."""
+    from importlib import metadata
+
     try:
-        return __import__(mod).__version__
-    except Exception as e:  # noqa: BLE001 - any import failure is a result here
-        return f"not importable ({type(e).__name__})"
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def _sync():
@@ -93,8 +97,12 @@ def _timeit(fn, *, min_rounds=3, max_rounds=20, target_s=2.0, budget_s=60.0) -> 
     return dict(median_s=times[len(times) // 2], min_s=times[0], rounds=len(times), first_call_s=first)
 
 
+LOG = {"path": None}  # every subprocess's whole output is appended here (set by main: --logdir)
+
+
 def _run(cmd, env=None, timeout=600) -> dict:
-    """Run ``cmd`` in its own process group; at ``timeout`` the whole group (xdist workers too) is killed."""
+    """Run ``cmd`` in its own process group; at ``timeout`` the whole group (xdist workers too) is killed.
+    The whole output is appended to ``LOG['path']``; the result keeps its last 40 lines."""
     import signal
 
     t = time.perf_counter()
@@ -107,6 +115,9 @@ def _run(cmd, env=None, timeout=600) -> dict:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         rc = "timeout"
+    if LOG["path"]:
+        with open(LOG["path"], "a") as f:
+            f.write(f"\n===== {_now()} rc={rc}: {' '.join(cmd)}\n{out}")
     lines = [ln for ln in out.splitlines() if ln.strip()]
     summary = next((ln for ln in reversed(lines) if " passed" in ln or " failed" in ln or " error" in ln), None)
     return dict(cmd=" ".join(cmd), returncode=rc, seconds=round(time.perf_counter() - t, 1), summary=summary,
@@ -135,7 +146,7 @@ def section_env(args) -> dict:
         cpu=platform.processor() or platform.machine(), cpu_count=os.cpu_count(),
         cuda=torch.cuda.is_available(), device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         cuda_version=torch.version.cuda, torch=torch.__version__,
-        **{m: _version(m) for m in ("triton", "pykeops", "geomloss", "ot", "flash_sinkhorn", "srot_fast")},
+        **{m: _version(m) for m in ("triton", "pykeops", "geomloss", "pot", "flash-sinkhorn", "srot_fast")},
         commit=commit or None, triton_interpret=os.environ.get("TRITON_INTERPRET"),
     )
 
@@ -144,11 +155,14 @@ def section_tests(args) -> dict:
     """GPU tests and every Triton test (on CUDA tensors against the CPU float64 reference); xdist workers
     when pytest-xdist is there (Triton compiles are CPU-bound). KeOps tests are left out on the GPU (each
     formula is a compile; the KeOps path is exercised by the benchmarks)."""
-    cmd = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-m", "gpu or triton"]
+    cmd = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-m", "gpu or triton", "-rfE",
+           "--tb=short"]
+    if args.logdir:
+        cmd += [f"--junitxml={Path(args.logdir) / 'tests.xml'}"]
     try:
         import xdist  # noqa: F401
 
-        cmd += ["-n", str(min(8, os.cpu_count() or 1))]
+        cmd += ["-n", str(min(16, os.cpu_count() or 1))]
     except ImportError:
         pass
     if args.dry_run:
@@ -158,16 +172,16 @@ def section_tests(args) -> dict:
 
 
 def _bench(args, file: str, sizes: str, kfilter: str | None, budget: float) -> dict:
-    """Two pytest processes: the cases without KeOps first, then the KeOps ones (GeomLoss 'online' too),
-    so that a KeOps crash (seen on an H200: the process died at the first KeOps case) keeps the rest."""
+    """Three pytest processes: the cases without KeOps, GeomLoss 'online' (KeOps), srot_fast's KeOps backend,
+    so that a KeOps crash (seen on an H200: a segfault at the first KeOps case) keeps the rest."""
     if args.dry_run:
         return _bench_once(args, file, sizes, kfilter, budget, Path(file).stem)
     base = f"({kfilter}) and " if kfilter else ""
-    res = dict(no_keops=_bench_once(args, file, sizes, base + "not keops and not online", budget / 2,
-                                    Path(file).stem),
-               keops=_bench_once(args, file, sizes, base + "(keops or online)", budget / 2,
-                                 Path(file).stem + "_keops"))
-    res["rows"] = res["no_keops"].pop("rows", []) + res["keops"].pop("rows", [])
+    stem = Path(file).stem
+    res = dict(no_keops=_bench_once(args, file, sizes, base + "not keops and not online", budget / 3, stem),
+               geomloss_online=_bench_once(args, file, sizes, base + "online", budget / 3, stem + "_online"),
+               keops=_bench_once(args, file, sizes, base + "keops", budget / 3, stem + "_keops"))
+    res["rows"] = sum((res[k].pop("rows", []) for k in ("no_keops", "geomloss_online", "keops")), [])
     return res
 
 
@@ -289,17 +303,20 @@ def section_flash(args) -> dict:
     x = (torch.randn(n, d, generator=g) / math.sqrt(d)).to(device)
     y = (torch.randn(n, d, generator=g) / math.sqrt(d) + 0.1).to(device)
     diam = bbox_diameter(x, y)
-    iters = len(epsilon_schedule(2, diam, blur, 0.5)) + 1
+    n_eps = len(epsilon_schedule(2, diam, blur, 0.5))
     backend = "triton" if device == "cuda" or os.environ.get("TRITON_INTERPRET") == "1" else "cpu"
     if args.dry_run:
         backend = "cpu"  # the interpreter at d = 64 is minutes per solve
-    loss = SROTLoss(p=2, blur=blur, scaling=0.5, diameter=diam, backend=backend, tol=1e-30, max_iter=iters)
-    res.update(n=n, d=d, blur=blur, updates=iters, srot_backend=backend)
+    res.update(n=n, d=d, blur=blur, eps_steps=n_eps, srot_backend=backend)
+    # max_iter = L (eps-scaling only): 2 L + 4 soft-min passes, flash-sinkhorn's (GeomLoss's) count for its L
+    # symmetric updates + last extrapolation; max_iter = L + 1 adds one alternating update (+1 pass)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        res["srot"] = _timeit(_srot_loss_grad(loss, x, y), budget_s=args.budget_flash / 3)
-        res["srot"]["n_iter"] = loss.last_result.n_iter
-        res["srot"]["value"] = float(loss(x, y))
+        for key, iters in (("srot", n_eps), ("srot_max_iter_L_plus_1", n_eps + 1)):
+            loss = SROTLoss(p=2, blur=blur, scaling=0.5, diameter=diam, backend=backend, tol=1e-30, max_iter=iters)
+            res[key] = _timeit(_srot_loss_grad(loss, x, y), budget_s=args.budget_flash / 4)
+            res[key]["n_iter"] = loss.last_result.n_iter
+            res[key]["value"] = float(loss(x, y))
     try:
         import flash_sinkhorn
     except Exception as e:  # noqa: BLE001
@@ -311,7 +328,7 @@ def section_flash(args) -> dict:
         try:
             fl = flash_sinkhorn.SamplesLoss("sinkhorn", p=2, blur=blur, scaling=0.5, debias=False, half_cost=True,
                                             diameter=diam, allow_tf32=tf32)
-            res[key] = _timeit(_srot_loss_grad(fl, x, y), budget_s=args.budget_flash / 3)
+            res[key] = _timeit(_srot_loss_grad(fl, x, y), budget_s=args.budget_flash / 4)
             res[key]["value"] = float(fl(x, y))
         except Exception as e:  # noqa: BLE001
             res[key] = f"{type(e).__name__}: {e}"[:500]
@@ -333,7 +350,8 @@ def _tuned_configs():
 
 def section_flow(args) -> dict:
     """x <- x - lr * grad_x L / a_i for ``flow_steps`` steps, SROTLoss(p=2, blur=0.05) on 'auto', GeomLoss's
-    iteration budget per step (eps-scaling + 1 update, ``max_iter = len(eps_list) + 1``), no warm start."""
+    kernel-pass budget per step (``max_iter = len(eps_list)``: 2 L + 4 soft-min passes as GeomLoss's L updates +
+    last extrapolation, then one weighted-mean pass for the gradient), no warm start."""
     import warnings
 
     import torch
@@ -349,7 +367,7 @@ def section_flow(args) -> dict:
     y = torch.stack([theta.cos(), theta.sin()], 1) + 0.05 * torch.randn(n, 2, generator=g)  # a ring
     x = 0.3 * torch.randn(n, 2, generator=g)  # a blob
     x, y = x.to(device), y.to(device)
-    iters = len(epsilon_schedule(2, bbox_diameter(x, y), 0.05, 0.5)) + 1
+    iters = len(epsilon_schedule(2, bbox_diameter(x, y), 0.05, 0.5))  # 2 L + 4 passes, GeomLoss's count
     loss = SROTLoss(p=2, blur=0.05, scaling=0.5, backend="auto", tol=1e-30, max_iter=iters)
     lr = 0.05
     times, n_iters = [], []
@@ -404,6 +422,7 @@ def main(argv=None) -> int:
     ap.add_argument("--flow-steps", type=int, default=400)
     ap.add_argument("--flash-tf32", action="store_true", help="also time flash-sinkhorn with its TF32 default")
     ap.add_argument("--wheels", default=None, help="folder with a flash_sinkhorn wheel to pip install (offline)")
+    ap.add_argument("--logdir", default=None, help="subprocess output and the tests' JUnit XML (default: beside --out)")
     ap.add_argument("--workdir", default=None, help="where the pytest-benchmark JSON files go (default: next to --out)")
     ap.add_argument("--budget-tests", type=float, default=200)
     ap.add_argument("--budget-bench", type=float, default=200, help="per benchmark file (pytest is killed after)")
@@ -418,6 +437,9 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     args.workdir = args.workdir or str(out.parent)
+    args.logdir = args.logdir or str(out.parent)
+    Path(args.logdir).mkdir(parents=True, exist_ok=True)
+    LOG["path"] = str(Path(args.logdir) / "subprocess.log")
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     results = dict(suite="srot_fast gpu_suite", started=_now(), sections={})
     funcs = {"env": section_env, "tests": section_tests, "primitives": section_primitives,

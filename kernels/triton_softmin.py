@@ -258,6 +258,91 @@ def _softmin_fwd_kernel(
 
 
 @triton.jit
+def _sq_dist_tile_soa(
+    xt_ptr,  # (D, N) row points, coordinate-major
+    yt_ptr,  # (D, M) column points, coordinate-major
+    rows, rmask, cols, cmask, N, M,
+    D: tl.constexpr,
+    TRANS: tl.constexpr,  # True: the tile is (BLOCK_M, BLOCK_N), columns along axis 0
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """Squared distances of a tile from coordinate-major points (contiguous loads along rows / columns)."""
+    if TRANS:
+        sq = tl.zeros((BLOCK_M, BLOCK_N), dtype=xt_ptr.dtype.element_ty)
+    else:
+        sq = tl.zeros((BLOCK_N, BLOCK_M), dtype=xt_ptr.dtype.element_ty)
+    if D <= 16:
+        for k in tl.static_range(D):
+            xk = tl.load(xt_ptr + k * N + rows, mask=rmask, other=0.0)
+            yk = tl.load(yt_ptr + k * M + cols, mask=cmask, other=0.0)
+            if TRANS:
+                diff = yk[:, None] - xk[None, :]
+            else:
+                diff = xk[:, None] - yk[None, :]
+            sq += diff * diff
+    else:
+        for k in range(0, D):
+            xk = tl.load(xt_ptr + k * N + rows, mask=rmask, other=0.0)
+            yk = tl.load(yt_ptr + k * M + cols, mask=cmask, other=0.0)
+            if TRANS:
+                diff = yk[:, None] - xk[None, :]
+            else:
+                diff = xk[:, None] - yk[None, :]
+            sq += diff * diff
+    return sq
+
+
+@triton.jit
+def _softmin_small_kernel(
+    xt_ptr,  # (D, N) row points, coordinate-major
+    yt_ptr,  # (D, M) column points, coordinate-major
+    h_ptr,  # (M,) column log-weights times log2(e), may hold -inf
+    prm_ptr,  # (2,) [log2(e) / eps, eps ln 2] in the input dtype
+    out_ptr,  # (N,) output: -eps * LSE_j[h_j - C_ij / eps]
+    N,
+    M,
+    SIZE_KEY,  # unused: the autotuner's size bucket
+    D: tl.constexpr,
+    P: tl.constexpr,
+    TRANS: tl.constexpr,  # True: (BLOCK_M, BLOCK_N) tiles reduced over axis 0 (a thread's columns in registers)
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """Small-d softmin (exact difference form). Two tile orientations, both candidates of the autotuner: with
+    ``TRANS`` and BLOCK_N = 32 x num_warps each thread owns one row and reduces its columns without shuffles."""
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < N
+    cscale = _cost_scale(prm_ptr, P)
+    eps_ln2 = tl.load(prm_ptr + 1)
+    m_i = tl.full((BLOCK_N,), float("-inf"), dtype=xt_ptr.dtype.element_ty)
+    s_i = tl.zeros((BLOCK_N,), dtype=xt_ptr.dtype.element_ty)
+    for j0 in range(0, M, BLOCK_M):
+        cols = j0 + tl.arange(0, BLOCK_M)
+        cmask = cols < M
+        sq = _sq_dist_tile_soa(xt_ptr, yt_ptr, rows, rmask, cols, cmask, N, M, D, TRANS, BLOCK_N, BLOCK_M)
+        if P == 1:
+            c = tl.sqrt(sq) * cscale
+        else:
+            c = sq * cscale
+        h = tl.load(h_ptr + cols, mask=cmask, other=float("-inf"))
+        if TRANS:
+            logit = h[:, None] - c
+            m_new = tl.maximum(m_i, tl.max(logit, 0))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            s_i = s_i * tl.exp2(m_i - m_safe) + tl.sum(tl.exp2(logit - m_safe[None, :]), 0)
+        else:
+            logit = h[None, :] - c
+            m_new = tl.maximum(m_i, tl.max(logit, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            s_i = s_i * tl.exp2(m_i - m_safe) + tl.sum(tl.exp2(logit - m_safe[:, None]), 1)
+        m_i = m_new
+    out = tl.where(s_i > 0, -eps_ln2 * (m_i + tl.log2(tl.where(s_i > 0, s_i, 1.0))), float("inf"))
+    tl.store(out_ptr + rows, out, mask=rmask)
+
+
+@triton.jit
 def _weighted_mean_fwd_kernel(
     x_ptr,  # (N, D) row points
     y_ptr,  # (M, D) column points
@@ -523,12 +608,15 @@ def _configs(blocks, names=("BLOCK_N", "BLOCK_M", "BLOCK_K")):
 _CFG_DOT = _configs([
     (64, 64, 32, 4, 2), (64, 64, 32, 4, 3), (128, 64, 32, 8, 3), (128, 64, 32, 4, 3), (64, 128, 32, 4, 3),
     (64, 128, 32, 8, 3), (128, 128, 32, 8, 3), (128, 128, 32, 8, 2), (128, 64, 16, 8, 3), (64, 64, 16, 4, 3),
-    (128, 32, 32, 4, 3), (64, 64, 64, 4, 3),
+    (128, 32, 32, 4, 3), (64, 64, 64, 4, 3), (64, 128, 64, 4, 3), (128, 128, 64, 8, 3), (64, 128, 32, 4, 4),
 ])
+# small-d softmin: (BLOCK_N, BLOCK_M, TRANS, num_warps, num_stages)
 _CFG_SMALL = _configs([
-    (32, 64, 16, 4, 1), (64, 64, 16, 4, 1), (64, 128, 16, 4, 1), (128, 64, 16, 4, 1), (128, 128, 16, 8, 1),
-    (64, 256, 16, 8, 1), (128, 128, 16, 4, 1), (256, 64, 16, 8, 1), (32, 128, 16, 4, 1),
-])
+    (32, 64, False, 4, 1), (64, 64, False, 4, 1), (64, 128, False, 4, 1), (128, 64, False, 4, 1),
+    (128, 128, False, 8, 1), (64, 256, False, 8, 1), (32, 128, False, 4, 1),
+    (128, 32, True, 4, 1), (128, 64, True, 4, 1), (256, 32, True, 8, 1), (256, 64, True, 8, 1),
+    (128, 16, True, 4, 1), (512, 32, True, 8, 1),
+], names=("BLOCK_N", "BLOCK_M", "TRANS"))
 # weighted means: (BLOCK_N, BLOCK_M, num_warps, num_stages)
 _CFG_WMEAN_DOT = _configs([
     (64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 3), (128, 32, 4, 3), (64, 32, 4, 3), (128, 128, 8, 2),
@@ -573,7 +661,7 @@ def _autotune(kernel, configs, key, prune=None):
 
 _TUNED = {
     "softmin_dot": _autotune(_softmin_fwd_kernel, _CFG_DOT, ["D", "P", "DOT", "SIZE_KEY"]),
-    "softmin_small": _autotune(_softmin_fwd_kernel, _CFG_SMALL, ["D", "P", "DOT", "SIZE_KEY"]),
+    "softmin_small": _autotune(_softmin_small_kernel, _CFG_SMALL, ["D", "P", "SIZE_KEY"]),
     "wmean_dot": _autotune(_weighted_mean_dot_kernel, _CFG_WMEAN_DOT, ["D", "P", "UNIT", "SIZE_KEY"]),
     "wmean_small": _autotune(_weighted_mean_fwd_kernel, _CFG_WMEAN_SMALL, ["D", "P", "UNIT", "SIZE_KEY"],
                              prune=_prune_register_tiles),
@@ -655,25 +743,38 @@ def _operands(x, y, dot: bool):
     return xc, yc, (xc * xc).sum(1), (yc * yc).sum(1), coinc, centre
 
 
-def softmin_fwd(x, y, h, eps, p, *, path="auto", block_n=None, block_m=None, block_k=None, num_warps=None):
+def softmin_fwd(x, y, h, eps, p, *, path="auto", block_n=None, block_m=None, block_k=None, num_warps=None,
+                trans=None):
     """Launcher of :func:`softmin`. ``path``: 'small' (coordinate loop), 'dot' (tl.dot, fp32-exact) or
-    'auto' ('dot' for D >= 32). Block sizes are powers of two (>= 16 on the dot path). On a GPU from
-    ``_TUNE_MIN_PAIRS`` pairs with no block size given, the blocks are autotuned (``_CFG_DOT`` /
-    ``_CFG_SMALL``); otherwise defaults 32 x 64 (small), 64 x 64 x 32 (dot), 4 warps."""
+    'auto' ('dot' for D >= 32). Block sizes are powers of two (>= 16 on the dot path); ``trans`` picks the
+    small-d tile orientation. On a GPU from ``_TUNE_MIN_PAIRS`` pairs with no block size given, the blocks
+    are autotuned (``_CFG_DOT`` / ``_CFG_SMALL``); otherwise defaults 32 x 64 (small), 64 x 64 x 32 (dot),
+    4 warps."""
     _check(x, y, h, p)
     n, d = x.shape
     m = y.shape[0]
     dot = _use_dot(path, d, x.dtype)
-    x, y, xx, yy, coinc, _ = _operands(x, y, dot)
     out = torch.empty(n, dtype=x.dtype, device=x.device)
-    args = (x, y, xx, yy, _h2(h), _prm(x, eps), out, n, m, x.stride(0), y.stride(0), coinc, _size_key(n, m))
-    if _tune(x, n, m, (block_n, block_m, block_k, num_warps)):
-        kern = _TUNED["softmin_dot" if dot else "softmin_small"]
-        kern[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, D=d, P=p, DOT=dot, FOLD=dot and p == 2)
+    tune = _tune(x, n, m, (block_n, block_m, block_k, num_warps, trans))
+    if not dot:  # coordinate-major copies: contiguous loads along rows and columns
+        xt, yt = x.detach().t().contiguous(), y.detach().t().contiguous()
+        args = (xt, yt, _h2(h), _prm(x, eps), out, n, m, _size_key(n, m))
+        if tune:
+            _TUNED["softmin_small"][lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, D=d, P=p)
+        else:
+            block_n = block_n or 32
+            _softmin_small_kernel[(triton.cdiv(n, block_n),)](
+                *args, D=d, P=p, TRANS=bool(trans), BLOCK_N=block_n, BLOCK_M=block_m or 64, num_warps=num_warps or 4)
         return out
-    block_n = block_n or (64 if dot else 32)
+    x, y, xx, yy, coinc, _ = _operands(x, y, dot)
+    args = (x, y, xx, yy, _h2(h), _prm(x, eps), out, n, m, x.stride(0), y.stride(0), coinc, _size_key(n, m))
+    if tune:
+        _TUNED["softmin_dot"][lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, D=d, P=p, DOT=True,
+                                                                               FOLD=p == 2)
+        return out
+    block_n = block_n or 64
     _softmin_fwd_kernel[(triton.cdiv(n, block_n),)](
-        *args, D=d, P=p, DOT=dot, FOLD=dot and p == 2, BLOCK_N=block_n, BLOCK_M=block_m or 64,
+        *args, D=d, P=p, DOT=True, FOLD=p == 2, BLOCK_N=block_n, BLOCK_M=block_m or 64,
         BLOCK_K=block_k or 32, num_warps=num_warps or 4,
     )
     return out

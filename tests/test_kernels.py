@@ -199,12 +199,15 @@ def test_softmin_several_tiles_and_threads():
 
 @pytest.mark.triton
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_triton_softmin_small_tiles(dtype):
-    """Block sizes smaller than the problem: rows and columns both span several tiles."""
+@pytest.mark.parametrize("trans", [False, True])
+@pytest.mark.parametrize("d,p", [(2, 1), (3, 2), (20, 1)])
+def test_triton_softmin_small_tiles(dtype, trans, d, p):
+    """Block sizes smaller than the problem: rows and columns both span several tiles; both tile
+    orientations of the small-d kernel; D = 20 takes its non-unrolled coordinate loop."""
     mod = _backend("triton")
-    x, y, h, scale = _problem(2, dtype, 1)
-    out = mod.softmin_fwd(x, y, h, 0.05 * scale, 1, block_n=16, block_m=16)
-    _close(out, _ref64(ref.softmin, x, y, h.double(), 0.05 * scale, 1), dtype, scale)
+    x, y, h, scale = _problem(d, dtype, p)
+    out = mod.softmin_fwd(x, y, h, 0.05 * scale, p, block_n=16, block_m=16, trans=trans)
+    _close(out, _ref64(ref.softmin, x, y, h.double(), 0.05 * scale, p), dtype, scale)
 
 
 @pytest.mark.triton
@@ -322,8 +325,8 @@ def test_triton_every_autotune_candidate_is_correct(table):
             if table in ("_CFG_DOT", "_CFG_SMALL"):
                 d = 37 if table == "_CFG_DOT" else 3
                 x, y, h, scale = _problem(d, torch.float32, p)
-                out = mod.softmin_fwd(x, y, h, 0.05 * scale, p, path="dot" if d == 37 else "small",
-                                      block_k=cfg.kwargs["BLOCK_K"], **kw)
+                extra = dict(block_k=cfg.kwargs["BLOCK_K"]) if d == 37 else dict(trans=cfg.kwargs["TRANS"])
+                out = mod.softmin_fwd(x, y, h, 0.05 * scale, p, path="dot" if d == 37 else "small", **extra, **kw)
                 _close(out, _ref64(ref.softmin, x, y, h.double(), 0.05 * scale, p), torch.float32, scale)
             else:
                 d = 37 if table == "_CFG_WMEAN_DOT" else 3
