@@ -11,43 +11,60 @@ Same functions and signatures as :mod:`srot_fast.kernels.tensorized`:
 with C = |x - y| (p = 1) or |x - y|^2 / 2 (p = 2). Layers (STYLE §12.2): ``_*_kernel`` (``@triton.jit``)
 -> ``*_fwd`` launchers (checks, path, block sizes, grid, allocation; keyword arguments) -> the four
 primitives above. One program owns ``BLOCK_N`` rows and streams the columns in tiles of ``BLOCK_M``
-with a running max / rescaled sum per row. Two ways to form a tile of squared distances:
+with a running max / rescaled sum per row, in base 2 (``exp2`` / ``log2``: the launchers pass
+h log2(e) and log2(e) / eps). D is a compile-time constant (one compiled kernel per D). Two ways to form a
+tile of squared distances:
 
-- *small-d path* (D < 32, and every D in float64): exact difference form, one coordinate at a time;
-- *large-d path* (float32, D >= 32, any D; tested up to 300 here, meant for up to 12288 = 64 x 64 x 3 images):
-  |x|^2 + |y|^2 - 2 x.y with the cross term from ``tl.dot`` over chunks of ``BLOCK_K`` coordinates at
-  full fp32 accuracy (``input_precision="ieee"``: no TF32, whose 10-bit mantissa gives ~5e-5 relative
+- *small-d path* (D < 32, and every D in float64): exact difference form, one coordinate at a time
+  (unrolled for D <= 16). The softmin reads coordinate-major copies of x and y and has two tile
+  orientations: (BLOCK_N, BLOCK_M) reduced over columns across threads, or transposed (BLOCK_M, BLOCK_N)
+  where each thread owns a row and reduces its columns in registers (no warp shuffles);
+- *large-d path* (float32, D >= 32, any D; tested up to 3072 on a GPU, meant for up to 12288 = 64 x 64 x 3
+  images): |x|^2 + |y|^2 - 2 x.y with the cross term from ``tl.dot`` over chunks of ``BLOCK_K`` coordinates
+  at full fp32 accuracy (``input_precision="ieee"``: no TF32, whose 10-bit mantissa gives ~5e-5 relative
   error on squared distances at D = 300 against ~2e-7 for fp32). Both clouds are centred on their
-  common mean first; pairs closer than the rounding noise (relative 2 sqrt(D) u) count as coincident.
+  common mean first; pairs closer than the rounding noise (relative 2 sqrt(D) u) count as coincident
+  (p = 1). For p = 2 the softmin folds the norms out of the pair loop: l_ij = (h_j - c |y_j|^2) +
+  2 c x_i.y_j, the row term -c |x_i|^2 added at the end (one FMA per pair after the dot).
 
-``weighted_mean`` for D <= 64 is one streaming pass with a (BLOCK_N, D) register accumulator; for
-D > 64 it is two passes: the softmin gives each row's normaliser, then a second kernel adds
-``w @ y_tile`` chunk by chunk into the program's own rows of the (N, D) output (``tl.dot`` in float32,
-broadcast products summed in registers in float64).
+``weighted_mean``: small-d path (D <= 64): one streaming pass with a (BLOCK_N, D) register accumulator and
+broadcast products; float32 at 32 <= D <= 128: one pass with both x.y^T and w @ y by ``tl.dot`` (the
+FlashAttention pattern); D > 128 (and float64 D > 64): two passes, the softmin gives each row's normaliser,
+then a second kernel adds ``w @ y_tile`` chunk by chunk into the program's own rows of the (N, D) output
+(``tl.dot`` in float32, broadcast products summed in registers in float64).
 ``eps`` travels as a tensor of the input dtype (a Python float would be specialised to float32).
+
+Block sizes: on a GPU, the first launch of at least ``_TUNE_MIN_PAIRS`` (2^26) pairs per (kernel, D, p,
+dtype, size bucket) is autotuned among ``_CFG_DOT`` / ``_CFG_SMALL`` / ``_CFG_WMEAN_DOT`` /
+``_CFG_WMEAN_SMALL`` (CUDA-event timing, no extra memory; ``SROT_TRITON_AUTOTUNE=0`` turns it off;
+``tuned_configs()`` reports the choices); smaller launches, the interpreter and explicit block sizes use
+fixed defaults.
 
 Supported: float32 and float64, any D for every primitive.
 
 Tested (tests/test_kernels.py, tests/test_backends.py) under the CPU interpreter (``TRITON_INTERPRET=1``,
 triton 3.9, torch 2.13 CPU) against the torch reference, 37 x 53 points (several tiles with small blocks)
 with coincident pairs and ``-inf`` columns, p in {1, 2}, float32 and float64: small-d path at D in
-{1, 2, 3} (+ D = 64), large-d path at D in {3, 37, 64, 300} (forced with ``path="dot"`` at small D), tiny
-/ huge eps, log-weights shifted by up to 1e6; Sinkhorn and SROTLoss end to end. The interpreter
-computes ``tl.dot`` with numpy in the input dtype, so it cannot show TF32: the GPU-only test
-``test_triton_dot_path_is_fp32_accurate`` can (run by benchmarks/gpu_suite.py).
+{1, 2, 3, 20} (+ D = 64) in both tile orientations, large-d path at D in {3, 37, 40, 64, 128, 129, 300}
+(forced with ``path="dot"`` at small D), every autotune candidate, tiny / huge eps, log-weights shifted by
+up to 1e6; Sinkhorn and SROTLoss end to end. The interpreter computes ``tl.dot`` with numpy in the input
+dtype, so it cannot show TF32: the GPU-only test ``test_triton_dot_path_is_fp32_accurate`` can (run by
+benchmarks/gpu_suite.py). benchmarks/triton_aot_check.py compiles every configuration for sm_90 without a
+GPU (shared memory, register spills).
 
-GPU: one run on an H200 (Triton 3.6, torch 2.11+cu130, 2026-11-26, benchmarks/results/2026-11-26-h200):
-84 of the 96 GPU/Triton tests passed; the 11 that forced float64 through ``tl.dot`` failed to compile
-(hence float64 never takes that path since; the change itself has not run on a GPU) and one float32
-d = 64 SROTLoss comparison missed its tolerance; the large-d path's float32 distances were within
-1.6e-7 relative of float64 at D = 64 / 3072 / 12288.
+GPU (H200, Triton 3.6, torch 2.11+cu130, 2026-11-26; benchmarks/README.md "GPU"): before tuning, 84 of 96
+GPU/Triton tests passed (11 float64 ``tl.dot`` compile failures, since removed). After tuning: the 100k-point
+2-D flow at 0.151 s per step (~1.5e12 pairs/s per soft-min pass, transposed small-d tile); p = 2, d = 64,
+n = 50k loss + gradient 1.03x flash-sinkhorn's time at fp32; the GPU test runs were cut short by their
+time budget (3 failures among the ~110 finished, one identified and fixed, two unidentified).
 
 Caution:
-    - Block sizes and ``num_warps`` are untuned guesses. On the H200 at n = m = 8192 the softmin ran at
-      6.5e10 pairs/s at D = 64 (dense torch formula: 3.8e10) but 3.6x / 4.1x slower than the dense torch
-      formula (cuBLAS matmul) at D = 3072 / 12288 (benchmarks/README.md).
     - Large-d path: distances below the rounding noise of |x|^2 + |y|^2 - 2 x.y (relative 2 sqrt(D) u,
-      e.g. 2.6e-5 of |x - c|^2 + |y - c|^2 at D = 12288 in float32) are set to 0.
+      e.g. 2.6e-5 of |x - c|^2 + |y - c|^2 at D = 12288 in float32) are set to 0 (p = 1 and every
+      primitive but the p = 2 softmin, where the fold leaves them at their rounding value).
+    - At D = 3072 / 12288 the large-d softmin was 3.6x / 4.1x slower than the dense cuBLAS-based torch
+      formula on an H200 before tuning (not remeasured since).
+    - Autotuning costs ~10-30 s on the first large launch of each key (compilation of every candidate).
     - Inputs must live on a CUDA device, or on the CPU with ``TRITON_INTERPRET=1`` set before triton is
       imported. triton is imported by this module only.
     - No autograd graph: outputs are plain tensors (the package uses the envelope theorem).
@@ -618,9 +635,9 @@ _CFG_SMALL = _configs([
     (128, 16, True, 4, 1), (512, 32, True, 8, 1),
 ], names=("BLOCK_N", "BLOCK_M", "TRANS"))
 # weighted means: (BLOCK_N, BLOCK_M, num_warps, num_stages)
-_CFG_WMEAN_DOT = _configs([
-    (64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 3), (128, 32, 4, 3), (64, 32, 4, 3), (128, 128, 8, 2),
-    (32, 64, 4, 3),
+_CFG_WMEAN_DOT = _configs([  # the 8-warp and 32-row ones compile without register spills for sm_90 at D = 64
+    (64, 64, 4, 2), (64, 64, 4, 3), (128, 32, 4, 3), (64, 32, 4, 3), (32, 64, 4, 3), (64, 32, 8, 2), (32, 64, 8, 2),
+    (32, 32, 4, 2), (32, 32, 4, 3),
 ], names=("BLOCK_N", "BLOCK_M"))
 _CFG_WMEAN_SMALL = _configs([
     (16, 32, 4, 1), (32, 64, 4, 1), (64, 64, 4, 1), (64, 128, 8, 1), (128, 64, 8, 1), (32, 128, 4, 1),
@@ -704,8 +721,13 @@ def _check(x, y, h=None, p=1):
 
 
 def _prm(x, eps):
-    """[log2(e) / eps, eps ln 2] in x's dtype and device (a Python float would be specialised to float32)."""
-    return torch.tensor([_LOG2E / eps, eps * _LN2], dtype=x.dtype, device=x.device)
+    """[log2(e) / eps, eps ln 2] in x's dtype and device (a Python float would be specialised to float32).
+    Filled on the device: ``torch.tensor(..., device='cuda')`` copies from pageable memory, which waits for
+    the queued kernels (a host-device sync per launch)."""
+    prm = torch.empty(2, dtype=x.dtype, device=x.device)
+    prm[0].fill_(_LOG2E / eps)
+    prm[1].fill_(eps * _LN2)
+    return prm
 
 
 def _h2(h):

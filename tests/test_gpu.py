@@ -73,6 +73,9 @@ def test_srotloss_triton_matches_tensorized_on_cuda(d, dtype, p):
     / 300) in float32."""
     n, m = (700, 900) if d < 1000 else (300, 260)
     x0, y0, s_x, s_y = _clouds(n, m, d, torch.float64)
+    # costs O(1) at every d: unscaled, d = 3072 gives C ~ 300 >> reach 1, nothing is transported and the
+    # gradients are ~1e-106 in float64 and exactly 0 in float32 (an ill-posed comparison, failed on an H200)
+    x0, y0 = x0 / (d / 2) ** 0.5, y0 / (d / 2) ** 0.5
     rtol = 1e-5 if dtype == torch.float32 else 1e-10
     gtol = 2e-4 * max(1.0, (d / 64) ** 0.5) if dtype == torch.float32 else 1e-9
     out = {}

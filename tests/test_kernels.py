@@ -317,7 +317,11 @@ def test_triton_weighted_mean_float32_paths(d, p):
 @pytest.mark.parametrize("table", ["_CFG_DOT", "_CFG_SMALL", "_CFG_WMEAN_DOT", "_CFG_WMEAN_SMALL"])
 def test_triton_every_autotune_candidate_is_correct(table):
     """Each block configuration the GPU autotuner may pick gives the reference numbers (run here with fixed
-    blocks under the interpreter; num_warps / num_stages only matter on a GPU)."""
+    blocks under the interpreter; num_warps / num_stages only matter on a GPU). Skipped on CUDA: there it is
+    ~80 compilations in one worker, and the autotuner itself compiles and runs them (tests/test_gpu.py checks
+    tuned results; benchmarks/triton_aot_check.py compiles every configuration for sm_90 without a GPU)."""
+    if torch.cuda.is_available():
+        pytest.skip("interpreter check; on CUDA the autotuner runs these configurations itself")
     mod = _backend("triton")
     for cfg in getattr(mod, table):
         kw = dict(block_n=cfg.kwargs["BLOCK_N"], block_m=cfg.kwargs["BLOCK_M"])

@@ -1,0 +1,167 @@
+"""Compile every Triton kernel configuration for a GPU target without a GPU (sm_90 = H100 / H200 by default).
+
+What this checks, on a CPU-only machine: that each kernel of ``kernels/triton_softmin.py`` compiles through
+the real Triton pipeline (TTIR -> TTGIR -> LLVM -> PTX -> cubin with the ptxas shipped in the triton wheel)
+for every block configuration the launchers and the autotuner can pick and every (D, p, dtype) the tests use,
+that its shared memory fits the target (227 KiB per block on sm_90), and which configurations spill registers
+(a non-zero stack frame, from ``cuobjdump -res-usage``). The CPU interpreter (``TRITON_INTERPRET=1``) checks
+the numbers but compiles nothing; a GPU run checks both. What this cannot check: numbers, speed, or errors
+that only show when a kernel runs.
+
+Run: ``python benchmarks/triton_aot_check.py [--jobs 2] [--quick] [--out aot.json]`` (~760 compilations,
+~25 min on 2 cores; ``--quick``: the default blocks and the autotune candidates at one D per kernel, ~4 min).
+Exit status 1 if a configuration fails to compile or exceeds the shared memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+
+os.environ.pop("TRITON_INTERPRET", None)  # real compilation
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
+import triton  # noqa: E402
+from srot_fast.kernels import triton_softmin as T  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+SMEM_MAX = 232448  # bytes of shared memory per block on sm_90
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+
+def _sig(names, dtype, ints, floats=()):
+    """Triton signature: pointers of ``dtype`` except the named ints / scalars."""
+    return {n: "i32" if n in ints else (dtype if n in floats else "*" + dtype) for n in names}
+
+
+def _compile(job):
+    name, sig, const, warps, stages, arch = job
+    row = dict(kernel=name, const=const, num_warps=warps, num_stages=stages)
+    try:
+        src = ASTSource(fn=getattr(T, name), signature={**sig, **{k: "constexpr" for k in const}}, constexprs=const)
+        kern = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                              options=dict(num_warps=warps, num_stages=stages))
+        row["shared_bytes"] = kern.metadata.shared
+        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+            f.write(kern.asm["cubin"])
+        usage = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True).stdout
+        os.unlink(f.name)
+        for key, pat in (("registers", r"REG:(\d+)"), ("stack_bytes", r"STACK:(\d+)")):
+            m = re.search(pat, usage)
+            row[key] = int(m.group(1)) if m else None
+    except Exception as e:  # noqa: BLE001 - a compile failure is the result
+        row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+    return row
+
+
+def jobs(quick: bool, arch: int) -> list:
+    """(kernel, signature, constexprs, num_warps, num_stages, arch) for every configuration to compile."""
+    out = []
+    add = lambda name, sig, const, w, s: out.append((name, sig, const, w, s, arch))  # noqa: E731
+    dot_args = ["x_ptr", "y_ptr", "xx_ptr", "yy_ptr", "h_ptr", "prm_ptr", "out_ptr", "N", "M", "stride_x",
+                "stride_y", "coinc", "SIZE_KEY"]
+    ints = {"N", "M", "stride_x", "stride_y", "SIZE_KEY"}
+    # softmin, dot path (float32): autotune candidates, the same blocks at the default 4 warps / 3 stages,
+    # the launcher's default and the tests' 16 x 16 x 16
+    cand = [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages)
+            for c in T._CFG_DOT]
+    for d in (64,) if quick else (37, 64, 300, 3072):
+        for p in (1, 2):
+            cfgs = set(cand) | {(64, 64, 32, 4, 3), (16, 16, 16, 4, 3)}
+            if not quick and d in (37, 64):
+                cfgs |= {(bn, bm, bk, 4, 3) for bn, bm, bk, _, _ in cand}
+            for bn, bm, bk, w, s in sorted(cfgs):
+                add("_softmin_fwd_kernel", _sig(dot_args, "fp32", ints, {"coinc"}),
+                    dict(D=d, P=p, DOT=True, FOLD=p == 2, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk), w, s)
+    # softmin, small-d path (float32 and float64), both tile orientations
+    small_args = ["xt_ptr", "yt_ptr", "h_ptr", "prm_ptr", "out_ptr", "N", "M", "SIZE_KEY"]
+    cand = [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_M"], c.kwargs["TRANS"], c.num_warps, c.num_stages)
+            for c in T._CFG_SMALL]
+    for dt, dims in (("fp32", (2,) if quick else (1, 2, 3, 20)), ("fp64", (3,) if quick else (2, 3, 20, 70, 300))):
+        for d in dims:
+            for p in (1, 2):
+                cfgs = set(cand) | {(32, 64, False, 4, 3), (16, 16, False, 4, 3), (16, 16, True, 4, 3)}
+                if not quick and dt == "fp32" and d == 3:
+                    cfgs |= {(bn, bm, tr, 4, 3) for bn, bm, tr, _, _ in cand}
+                for bn, bm, tr, w, s in sorted(cfgs):
+                    add("_softmin_small_kernel", _sig(small_args, dt, {"N", "M", "SIZE_KEY"}),
+                        dict(D=d, P=p, TRANS=tr, BLOCK_N=bn, BLOCK_M=bm), w, s)
+    # one-pass tl.dot weighted mean (float32, 16 <= BLOCK_D <= 128)
+    cand = [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_M"], c.num_warps, c.num_stages) for c in T._CFG_WMEAN_DOT]
+    for d in (64,) if quick else (37, 40, 64, 128):
+        for p, unit in ((1, True), (1, False), (2, False)):
+            cfgs = set(cand) | {(64, 64, 4, 3), (16, 16, 4, 3)}
+            if not quick:
+                cfgs |= {(bn, bm, 4, 3) for bn, bm, _, _ in cand}
+            for bn, bm, w, s in sorted(cfgs):
+                add("_weighted_mean_dot_kernel", _sig(dot_args, "fp32", ints, {"coinc"}),
+                    dict(D=d, P=p, UNIT=unit, BLOCK_N=bn, BLOCK_M=bm, BLOCK_D=max(16, triton.next_power_of_2(d))),
+                    w, s)
+    # small-d weighted mean (broadcast products), candidates kept by the autotuner's register-tile prune
+    wm_args = ["x_ptr", "y_ptr", "h_ptr", "prm_ptr", "out_ptr", "N", "M", "stride_x", "stride_y", "SIZE_KEY"]
+    for dt in ("fp32", "fp64"):
+        for d in (2,) if quick else (1, 2, 3, 64):
+            bd = max(2, triton.next_power_of_2(d))
+            for p, unit in ((1, True), (2, False), (1, False)):
+                cfgs = {(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_M"], c.num_warps, c.num_stages)
+                        for c in T._CFG_WMEAN_SMALL if c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_M"] * bd <= 16384}
+                for bn, bm, w, s in sorted(cfgs | {(16, 32, 4, 3), (16, 16, 4, 3)}):
+                    add("_weighted_mean_fwd_kernel", _sig(wm_args, dt, ints),
+                        dict(D=d, P=p, UNIT=unit, BLOCK_N=bn, BLOCK_M=bm, BLOCK_D=bd), w, s)
+    # two-pass weighted sum (large D), plan argmax, max |x - y|^2 at their fixed blocks
+    ws_args = ["x_ptr", "y_ptr", "xx_ptr", "yy_ptr", "h_ptr", "lse_ptr", "prm_ptr", "acc_ptr", "wsum_ptr", "N", "M",
+               "stride_x", "stride_y", "coinc"]
+    ints2 = {"N", "M", "stride_x", "stride_y"}
+    for dt, dot, d in (("fp32", True, 300), ("fp64", False, 70)) if quick else (
+            ("fp32", True, 129), ("fp32", True, 300), ("fp32", True, 3072), ("fp64", False, 70), ("fp64", False, 300)):
+        for p, unit in ((1, True), (2, False)):
+            for bn, bm, bk in ((64, 64, 32), (16, 16, 16)) if dot else ((16, 16, 16),):
+                add("_weighted_sum_dot_kernel", _sig(ws_args, dt, ints2, {"coinc"}),
+                    dict(D=d, P=p, UNIT=unit, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, DOT=dot), 4, 3)
+    am_args = ["x_ptr", "y_ptr", "xx_ptr", "yy_ptr", "h_ptr", "prm_ptr", "out_ptr", "N", "M", "stride_x", "stride_y",
+               "coinc"]
+    ms_args = ["x_ptr", "y_ptr", "xx_ptr", "yy_ptr", "out_ptr", "N", "M", "stride_x", "stride_y", "coinc"]
+    for dt, dot, d in (("fp32", False, 2), ("fp32", True, 64)) if quick else (
+            ("fp32", False, 2), ("fp32", True, 37), ("fp32", True, 64), ("fp64", False, 3), ("fp32", True, 3072)):
+        blocks = ((64 if dot else 32, 64, 32), (16, 16, 16))
+        for bn, bm, bk in blocks:
+            for p in (1, 2):
+                add("_plan_argmax_fwd_kernel", _sig(am_args, dt, ints2, {"coinc"}),
+                    dict(D=d, P=p, DOT=dot, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk), 4, 3)
+            add("_max_sq_fwd_kernel", _sig(ms_args, dt, ints2, {"coinc"}),
+                dict(D=d, DOT=dot, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk), 4, 3)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100 / H200)")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=None, help="JSON file with one row per configuration")
+    args = ap.parse_args(argv)
+    todo = jobs(args.quick, args.arch)
+    print(f"compiling {len(todo)} configurations for sm_{args.arch} with {args.jobs} processes", flush=True)
+    with ProcessPoolExecutor(args.jobs) as ex:
+        rows = list(ex.map(_compile, todo))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1, default=str)
+    bad = [r for r in rows if "error" in r or r.get("shared_bytes", 0) > SMEM_MAX]
+    spills = [r for r in rows if (r.get("stack_bytes") or 0) > 0]
+    print(f"{len(rows) - len(bad)} of {len(rows)} compiled within {SMEM_MAX} bytes of shared memory; "
+          f"{len(spills)} with a stack frame (register spills)")
+    for r in bad + spills:
+        print(("FAIL " if r in bad else "spill ") + json.dumps(r, default=str)[:400])
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
