@@ -222,6 +222,20 @@ def _cost_scale(prm_ptr, P: tl.constexpr):
 
 
 @triton.jit
+def _lse_step(m_i, logit, AXIS: tl.constexpr):
+    """One online log-sum-exp step in base 2 over a tile's ``AXIS`` (1: columns of (rows, cols) tiles, 0: of
+    transposed ones): (new running max, rescale factor of the old sum, the tile's weights 2^(l - max)).
+    A row whose logits are all -inf so far keeps max -inf and weights 0."""
+    m_new = tl.maximum(m_i, tl.max(logit, AXIS))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    if AXIS == 1:
+        w = tl.exp2(logit - m_safe[:, None])
+    else:
+        w = tl.exp2(logit - m_safe[None, :])
+    return m_new, tl.exp2(m_i - m_safe), w
+
+
+@triton.jit
 def _softmin_fwd_kernel(
     x_ptr,  # (N, D) row points
     y_ptr,  # (M, D) column points
@@ -264,10 +278,8 @@ def _softmin_fwd_kernel(
             sq = _sq_tile(x_ptr, y_ptr, xx_ptr, yy_ptr, rows, rmask, cols, cmask, stride_x, stride_y, coinc,
                           D, BLOCK_N, BLOCK_M, BLOCK_K, DOT)
             logit = _logits_tile(sq, h_ptr, cols, cmask, cscale, P)
-        m_new = tl.maximum(m_i, tl.max(logit, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: keep 2^-inf = 0
-        s_i = s_i * tl.exp2(m_i - m_safe) + tl.sum(tl.exp2(logit - m_safe[:, None]), 1)
-        m_i = m_new
+        m_i, alpha, w = _lse_step(m_i, logit, 1)
+        s_i = s_i * alpha + tl.sum(w, 1)
     if FOLD:  # the row term -c |x_i|^2 of every logit
         m_i = m_i - cscale * tl.load(xx_ptr + rows, mask=rmask, other=0.0)
     out = tl.where(s_i > 0, -eps_ln2 * (m_i + tl.log2(tl.where(s_i > 0, s_i, 1.0))), float("inf"))
@@ -346,15 +358,12 @@ def _softmin_small_kernel(
         h = tl.load(h_ptr + cols, mask=cmask, other=float("-inf"))
         if TRANS:
             logit = h[:, None] - c
-            m_new = tl.maximum(m_i, tl.max(logit, 0))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            s_i = s_i * tl.exp2(m_i - m_safe) + tl.sum(tl.exp2(logit - m_safe[None, :]), 0)
+            m_i, alpha, w = _lse_step(m_i, logit, 0)
+            s_i = s_i * alpha + tl.sum(w, 0)
         else:
             logit = h[None, :] - c
-            m_new = tl.maximum(m_i, tl.max(logit, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            s_i = s_i * tl.exp2(m_i - m_safe) + tl.sum(tl.exp2(logit - m_safe[:, None]), 1)
-        m_i = m_new
+            m_i, alpha, w = _lse_step(m_i, logit, 1)
+            s_i = s_i * alpha + tl.sum(w, 1)
     out = tl.where(s_i > 0, -eps_ln2 * (m_i + tl.log2(tl.where(s_i > 0, s_i, 1.0))), float("inf"))
     tl.store(out_ptr + rows, out, mask=rmask)
 
@@ -397,10 +406,7 @@ def _weighted_mean_fwd_kernel(
         cmask = cols < M
         sq = _sq_dist_tile(x_ptr, y_ptr, rows, rmask, cols, cmask, stride_x, stride_y, D, BLOCK_N, BLOCK_M)
         logit = _logits_tile(sq, h_ptr, cols, cmask, cscale, P)
-        m_new = tl.maximum(m_i, tl.max(logit, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        w = tl.exp2(logit - m_safe[:, None])  # (BLOCK_N, BLOCK_M)
+        m_i, alpha, w = _lse_step(m_i, logit, 1)  # w: (BLOCK_N, BLOCK_M)
         s_i = s_i * alpha + tl.sum(w, 1)
         y_t = tl.load(
             y_ptr + cols[:, None] * stride_y + dims[None, :], mask=cmask[:, None] & dmask[None, :], other=0.0
@@ -411,7 +417,6 @@ def _weighted_mean_fwd_kernel(
         else:
             contrib = tl.sum(w[:, :, None] * y_t[None, :, :], 1)
         acc = acc * alpha[:, None] + contrib
-        m_i = m_new
     out = acc / s_i[:, None]
     tl.store(out_ptr + rows[:, None] * D + dims[None, :], out, mask=rmask[:, None] & dmask[None, :])
 
@@ -465,16 +470,12 @@ def _weighted_mean_dot_kernel(
         xy = tl.dot(x_t, tl.trans(y_t), input_precision="ieee")
         sq = _sq_from_dot(xy, xx, yy, coinc)
         logit = _logits_tile(sq, h_ptr, cols, cmask, cscale, P)
-        m_new = tl.maximum(m_i, tl.max(logit, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        w = tl.exp2(logit - m_safe[:, None])
+        m_i, alpha, w = _lse_step(m_i, logit, 1)
         s_i = s_i * alpha + tl.sum(w, 1)
         if UNIT:
             w = tl.where(sq > 0, w / tl.sqrt(tl.where(sq > 0, sq, 1.0)), 0.0)
             u_i = u_i * alpha + tl.sum(w, 1)
         acc = tl.dot(w, y_t, acc * alpha[:, None], input_precision="ieee")
-        m_i = m_new
     if UNIT:  # sum_j w'_ij (x_i - y_j) = x_i sum_j w'_ij - sum_j w'_ij y_j (the centring cancels)
         acc = x_t * u_i[:, None] - acc
     out = acc / s_i[:, None]
