@@ -222,6 +222,12 @@ def _cost_scale(prm_ptr, P: tl.constexpr):
 
 
 @triton.jit
+def _load_points(ptr, idx, imask, dims, dmask, stride):
+    """(len(idx), len(dims)) tile of row-major points, 0 outside the masks."""
+    return tl.load(ptr + idx[:, None] * stride + dims[None, :], mask=imask[:, None] & dmask[None, :], other=0.0)
+
+
+@triton.jit
 def _lse_step(m_i, logit, AXIS: tl.constexpr):
     """One online log-sum-exp step in base 2 over a tile's ``AXIS`` (1: columns of (rows, cols) tiles, 0: of
     transposed ones): (new running max, rescale factor of the old sum, the tile's weights 2^(l - max)).
@@ -395,9 +401,7 @@ def _weighted_mean_fwd_kernel(
     dims = tl.arange(0, BLOCK_D)
     dmask = dims < D
     cscale = _cost_scale(prm_ptr, P)
-    x_t = tl.load(
-        x_ptr + rows[:, None] * stride_x + dims[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0
-    )  # (BLOCK_N, BLOCK_D)
+    x_t = _load_points(x_ptr, rows, rmask, dims, dmask, stride_x)  # (BLOCK_N, BLOCK_D)
     m_i = tl.full((BLOCK_N,), float("-inf"), dtype=x_ptr.dtype.element_ty)
     s_i = tl.zeros((BLOCK_N,), dtype=x_ptr.dtype.element_ty)
     acc = tl.zeros((BLOCK_N, BLOCK_D), dtype=x_ptr.dtype.element_ty)  # running sum of w_ij phi_ij
@@ -408,9 +412,7 @@ def _weighted_mean_fwd_kernel(
         logit = _logits_tile(sq, h_ptr, cols, cmask, cscale, P)
         m_i, alpha, w = _lse_step(m_i, logit, 1)  # w: (BLOCK_N, BLOCK_M)
         s_i = s_i * alpha + tl.sum(w, 1)
-        y_t = tl.load(
-            y_ptr + cols[:, None] * stride_y + dims[None, :], mask=cmask[:, None] & dmask[None, :], other=0.0
-        )  # (BLOCK_M, BLOCK_D)
+        y_t = _load_points(y_ptr, cols, cmask, dims, dmask, stride_y)  # (BLOCK_M, BLOCK_D)
         if UNIT:
             w = tl.where(sq > 0, w / tl.sqrt(tl.where(sq > 0, sq, 1.0)), 0.0)
             contrib = tl.sum(w[:, :, None] * (x_t[:, None, :] - y_t[None, :, :]), 1)
@@ -452,9 +454,7 @@ def _weighted_mean_dot_kernel(
     dims = tl.arange(0, BLOCK_D)
     dmask = dims < D
     cscale = _cost_scale(prm_ptr, P)
-    x_t = tl.load(
-        x_ptr + rows[:, None] * stride_x + dims[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0
-    )  # (BLOCK_N, BLOCK_D), loaded once
+    x_t = _load_points(x_ptr, rows, rmask, dims, dmask, stride_x)  # (BLOCK_N, BLOCK_D), loaded once
     xx = tl.load(xx_ptr + rows, mask=rmask, other=0.0)
     m_i = tl.full((BLOCK_N,), float("-inf"), dtype=x_ptr.dtype.element_ty)
     s_i = tl.zeros((BLOCK_N,), dtype=x_ptr.dtype.element_ty)  # sum of w
@@ -463,9 +463,7 @@ def _weighted_mean_dot_kernel(
     for j0 in range(0, M, BLOCK_M):
         cols = j0 + tl.arange(0, BLOCK_M)
         cmask = cols < M
-        y_t = tl.load(
-            y_ptr + cols[:, None] * stride_y + dims[None, :], mask=cmask[:, None] & dmask[None, :], other=0.0
-        )  # (BLOCK_M, BLOCK_D)
+        y_t = _load_points(y_ptr, cols, cmask, dims, dmask, stride_y)  # (BLOCK_M, BLOCK_D)
         yy = tl.load(yy_ptr + cols, mask=cmask, other=0.0)
         xy = tl.dot(x_t, tl.trans(y_t), input_precision="ieee")
         sq = _sq_from_dot(xy, xx, yy, coinc)

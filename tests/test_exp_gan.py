@@ -6,7 +6,6 @@ Quick setting: scikit-learn 8x8 digits, 15 % noise outliers, 300 generator steps
 ROT 0.109 / 0.067, ROT + SROT 0.000 / 0.000; the detector flags all 238 outliers and no clean image. About 30 s
 of CPU per seed on 1 thread (both seeds: 63 s of CPU).
 """
-import json
 
 import pytest
 
@@ -16,14 +15,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_gan_quick(tmp_path, seed):
-    code = main(["gan", "--quick", "--seed", str(seed), "--out", str(tmp_path), "--no-progress", "--threads", "1"])
-    assert code == 0
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
-    for f in ("gan_samples.png", "gan_noise_share.png", "metrics.json", "metrics.md"):
-        assert (tmp_path / f).is_file() and (tmp_path / f).stat().st_size > 0
-        assert f in metrics["files"]
-    assert {"config", "results", "claims", "timing", "files"} <= set(metrics)
+def test_gan_quick(run_quick, seed):
+    metrics = run_quick("gan", seed, ("gan_samples.png", "gan_noise_share.png"))
     cfg = metrics["config"]
     assert cfg["quick"] is True and cfg["seed"] == seed and cfg["dataset"] == "digits" and cfg["noise"] == [0.15]
     for k in ("backend", "device", "iters", "batch", "n_critic", "lr", "delta", "sigma"):

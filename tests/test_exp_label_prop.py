@@ -7,7 +7,6 @@ Quick setting (CI has no Fashion-MNIST: ``--outliers noise``): source 120 8x8 di
 labelled accuracy SROT 86.7-89.0 / 79.8-80.6 %, partial OT 60.0-61.1 / 61.7-62.5 %; ROBOT at mass ~0.65: 50.0 %.
 About 20 s of CPU per seed on 1 thread.
 """
-import json
 
 import pytest
 
@@ -17,15 +16,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_label_prop_quick(tmp_path, seed):
-    code = main(["label-prop", "--quick", "--seed", str(seed), "--outliers", "noise", "--out", str(tmp_path),
-                 "--no-progress", "--threads", "1"])
-    assert code == 0
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
-    for f in ("label_prop_accuracy.png", "label_prop_data.png", "metrics.json", "metrics.md"):
-        assert (tmp_path / f).is_file() and (tmp_path / f).stat().st_size > 0
-        assert f in metrics["files"]
-    assert {"config", "results", "claims", "timing", "files"} <= set(metrics)
+def test_label_prop_quick(run_quick, seed):
+    metrics = run_quick("label-prop", seed, ("label_prop_accuracy.png", "label_prop_data.png"), "--outliers", "noise")
     cfg = metrics["config"]
     assert cfg["quick"] is True and cfg["seed"] == seed and cfg["outliers_used"] == "noise"
     for k in ("backend", "device", "n_per_class", "masses", "solver", "accept"):

@@ -6,7 +6,6 @@ Quick setting: alpha = 255 MNIST-M-like + 45 MNIST outliers, beta = 255 MNIST, 1
 projection (the map's regression target); the full run's table reports both. About 20 s of CPU per seed on 1
 thread. Measured numbers are in the module docstring of srot_fast/experiments/monge.py and in the asserts' comments.
 """
-import json
 
 import pytest
 
@@ -16,14 +15,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_monge_quick(tmp_path, seed):
-    code = main(["monge", "--quick", "--seed", str(seed), "--out", str(tmp_path), "--no-progress", "--threads", "1"])
-    assert code == 0
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
-    for f in ("monge_samples.png", "monge_w.png", "metrics.json", "metrics.md"):
-        assert (tmp_path / f).is_file() and (tmp_path / f).stat().st_size > 0
-        assert f in metrics["files"]
-    assert {"config", "results", "claims", "timing", "files"} <= set(metrics)
+def test_monge_quick(run_quick, seed):
+    metrics = run_quick("monge", seed, ("monge_samples.png", "monge_w.png"))
     cfg = metrics["config"]
     assert cfg["quick"] is True and cfg["seed"] == seed and cfg["n_outliers"] == 45
     for k in ("backend", "device", "eps", "gamma", "partial_masses", "soft_mass"):

@@ -64,6 +64,16 @@ class Timer:
         return round(time.perf_counter() - self.t0, 2)
 
 
+def start(args) -> tuple:
+    """(Timer, torch.device, output folder) of a command: ``--device`` resolved (CliError if unusable), then
+    ``--out`` created."""
+    timer = Timer()
+    device = resolve_device(args.device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    return timer, device, out
+
+
 def _clean(obj):
     """JSON-safe copy: tensors -> lists / floats, NaN / inf -> None."""
     if isinstance(obj, dict):
@@ -77,6 +87,21 @@ def _clean(obj):
     if isinstance(obj, Path):
         return str(obj)
     return obj
+
+
+def vat_scores(source: torch.Tensor, target: torch.Tensor, *, epochs: int, omega, seed: int, progress: bool,
+               device) -> tuple:
+    """VAT detector fitted on ``device`` (source = label 0, target = label 1): (detector, P(target | source)
+    and P(target | target) on the CPU, source / target outlier masks by the paper's rule)."""
+    from ..detector import OutlierDetector
+    from ..weights import outlier_masks
+
+    det = OutlierDetector(method="vat", epochs=epochs, omega=omega, seed=seed, progress=progress, device=device,
+                          num_threads=None)
+    det.fit(source.to(device), target.to(device))
+    s_src = det.predict_proba(source.to(device)).cpu()
+    s_tgt = det.predict_proba(target.to(device)).cpu()
+    return (det, s_src, s_tgt, *outlier_masks(s_src, s_tgt))
 
 
 def claim(text: str, passed: bool, detail: str) -> dict:

@@ -210,12 +210,9 @@ def run(args) -> dict:
     from ..demo import FINAL_TOL, FLOW_BLUR, FLOW_MASS, FLOW_P, FLOW_REACH, FLOW_TOL, _fig_flow
     from ..weights import hard_weights
 
-    total = _common.Timer()
     cfg = _settings(args)
     n, steps, lr, every = cfg["n"], cfg["steps"], cfg["lr"], cfg["every"]
-    device = _common.resolve_device(args.device)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    total, device, out = _common.start(args)
     d = make_flow_2d(n, OUTLIER_FRAC, seed=args.seed, dtype=torch.float32)
     alpha, beta0, is_out = d.alpha.to(device), d.beta0.to(device), d.alpha_outlier.to(device)
     alpha_c = alpha[~is_out]

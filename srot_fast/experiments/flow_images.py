@@ -142,12 +142,9 @@ def run(args) -> dict:
     from ..data import resize
     from ..weights import hard_weights
 
-    total = _common.Timer()
     cfg = _settings(args)
     n, steps, lr, every = cfg["n"], cfg["steps"], cfg["lr"], cfg["every"]
-    device = _common.resolve_device(args.device)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    total, device, out = _common.start(args)
 
     # data: alpha = alpha_c (images in [-1, 1]) + 10 % N(0, 0.01 I); beta_0 ~ N(0, 0.01 I)
     dataset, images = _load(cfg["dataset"])

@@ -213,10 +213,7 @@ def run(args) -> dict:
         raise _common.CliError(f"--sigma must be > 0, got {args.sigma}")
     if not 0 <= args.delta < 1:
         raise _common.CliError(f"--delta must be in [0, 1), got {args.delta}")
-    device = _common.resolve_device(args.device)  # the GANs are tiny MLPs: trained on the CPU regardless
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    timer = _common.Timer()
+    timer, device, out = _common.start(args)  # the GANs are tiny MLPs: trained on the CPU regardless
     torch.manual_seed(seed)
 
     # ---------------------------------------------------------------- data and held-out noise classifier

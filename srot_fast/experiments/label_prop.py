@@ -145,17 +145,13 @@ def _interp(x, xs, ys):
 def run(args) -> dict:
     import matplotlib.pyplot as plt
 
-    from ..detector import OutlierDetector
     from ..kernels.tensorized import cost_matrix
     from ..partners import exact_partial, exact_robot
     from ..sinkhorn import sinkhorn
-    from ..weights import hard_weights, outlier_masks
+    from ..weights import hard_weights
     from . import _common
 
-    timer = _common.Timer()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    device = _common.resolve_device(args.device)
+    timer, device, out = _common.start(args)
     quick = bool(args.quick)
     n = args.n_per_class if args.n_per_class is not None else (60 if quick else 140)
     if not 4 <= n <= 142:
@@ -171,12 +167,8 @@ def run(args) -> dict:
     src, tgt = d["source"], d["target"]
     t_data = timer.read()
 
-    det = OutlierDetector(method="vat", epochs=epochs, omega=args.omega, seed=seed, progress=args.progress,
-                          device=device, num_threads=None)
-    det.fit(src.to(device), tgt.to(device))
-    s_src = det.predict_proba(src.to(device)).cpu()
-    s_tgt = det.predict_proba(tgt.to(device)).cpu()
-    flag_s, flag_t = outlier_masks(s_src, s_tgt)
+    det, s_src, s_tgt, flag_s, flag_t = _common.vat_scores(src, tgt, epochs=epochs, omega=args.omega, seed=seed,
+                                                           progress=args.progress, device=device)
     t_det = timer.read()
     detection = {"target_outlier_recall": float(flag_t[d["target_out"]].float().mean()),
                  "target_clean_flagged": float(flag_t[~d["target_out"]].float().mean()),

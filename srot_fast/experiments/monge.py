@@ -167,15 +167,11 @@ def _solve(method, zb, xa, w_beta, w_alpha, eps, backend, offsets):
 def run(args) -> dict:
     import matplotlib.pyplot as plt
 
-    from ..detector import OutlierDetector
     from ..sinkhorn import sinkhorn
-    from ..weights import hard_weights, outlier_masks, soft_offsets
+    from ..weights import hard_weights, soft_offsets
     from . import _common
 
-    timer = _common.Timer()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    device = _common.resolve_device(args.device)
+    timer, device, out = _common.start(args)
     quick = bool(args.quick)
     n_clean = args.n_clean if args.n_clean is not None else (255 if quick else 1700)
     if not 0.0 <= args.outlier_rate < 1.0:
@@ -202,12 +198,8 @@ def run(args) -> dict:
     t_data = timer.read()
 
     # detector: source = alpha (label 0), target = beta (label 1); an alpha image with P(target) > 1/2 is an outlier
-    det = OutlierDetector(method="vat", epochs=epochs, omega=args.omega, seed=seed, progress=args.progress,
-                          device=device, num_threads=None)
-    det.fit(alpha_img.to(device), beta_img.to(device))
-    s_alpha = det.predict_proba(alpha_img.to(device)).cpu()
-    s_beta = det.predict_proba(beta_img.to(device)).cpu()
-    flag_a, flag_b = outlier_masks(s_alpha, s_beta)
+    det, s_alpha, s_beta, flag_a, flag_b = _common.vat_scores(alpha_img, beta_img, epochs=epochs, omega=args.omega,
+                                                              seed=seed, progress=args.progress, device=device)
     t_det = timer.read()
     detection = {"recall": float(flag_a[is_out].float().mean()) if n_out else None,
                  "clean_flagged": float(flag_a[~is_out].float().mean()),
