@@ -17,9 +17,13 @@ that a run cut short still leaves what it measured:
 - ``flash``:      p = 2, d = 64, n = m = ``--flash-n`` (50k): SROTLoss(backend='triton') loss + gradient vs
                   ``flash_sinkhorn.SamplesLoss`` (same blur, scaling, debias off, half cost, TF32 off; with
                   ``--flash-tf32`` also its TF32 default) at equal soft-min passes (2 L + 4: SROTLoss with
-                  ``max_iter = L``; also timed with L + 1) -- skipped with the reason when not importable;
+                  ``max_iter = L``; also timed with L + 1), SROTLoss with the tl.dot precision "ieee" (default)
+                  and "tf32x3", forward-only times and one pass of each primitive -- flash-sinkhorn is
+                  skipped with the reason when not importable;
 - ``flow``:       a 2-D gradient flow of ``--flow-n`` (100k) points for ``--flow-steps`` (400) steps of
-                  x <- x - lr * grad / a with SROTLoss(p=2, blur=0.05); stops at its budget and extrapolates.
+                  x <- x - lr * grad / a with SROTLoss(p=2, blur=0.05); stops at its budget and extrapolates;
+- ``keops_diag``: KeOps' health check, the CUDA libraries it can see and a one-formula probe in a subprocess
+                  (with a gdb backtrace if it crashes and gdb is there): why KeOps segfaulted on the H200 image.
 
 ``--dry-run``: everything on the CPU at tiny sizes (Triton under ``TRITON_INTERPRET=1``, test and benchmark
 subsets), to check that the script works end to end without a GPU: ~2-4 minutes on 2 cores.
@@ -53,7 +57,7 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ["env", "tests", "primitives", "large_d", "sinkhorn", "flash", "flow"]
+SECTIONS = ["env", "tests", "primitives", "large_d", "sinkhorn", "flash", "flow", "keops_diag"]
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -236,26 +240,29 @@ def section_large_d(args) -> dict:
         eps = 0.05 * scale
         h = torch.full((n,), -math.log(n), device=device)
         exp64 = ref.softmin(x[:256].double(), y.double(), h.double(), eps, 2)
-        for name, fn in (("triton", functools.partial(tri.softmin, x, y, h, eps, 2)),
+        for name, fn in (("triton", functools.partial(tri.softmin_fwd, x, y, h, eps, 2, precision="ieee")),
+                         ("triton_tf32x3", functools.partial(tri.softmin_fwd, x, y, h, eps, 2, precision="tf32x3")),
                          ("tensorized", functools.partial(ref.softmin, x, y, h, eps, 2))):
             row = dict(primitive="softmin", backend=name, n=n, m=n, d=d, p=2)
             try:
-                row.update(_timeit(fn, budget_s=args.budget_large_d / 8))
+                row.update(_timeit(fn, budget_s=args.budget_large_d / 12))
                 row["pairs_per_s"] = n * n / row["median_s"]
                 row["max_rel_err_vs_f64"] = float(((fn()[:256].double() - exp64).abs() / exp64.abs()).max())
             except Exception as e:  # noqa: BLE001 - OOM etc. is a result
                 row["error"] = f"{type(e).__name__}: {e}"[:500]
             rows.append(row)
-        row = dict(primitive="weighted_mean_grad", backend="triton", n=n, m=n, d=d, p=1)
-        try:
-            fn = functools.partial(tri.weighted_mean, x, y, h, eps, 1, "grad")
-            row.update(_timeit(fn, budget_s=args.budget_large_d / 8))
-            row["pairs_per_s"] = n * n / row["median_s"]
-            want = ref.weighted_mean(x[:64].double(), y.double(), h.double(), eps, 1, "grad")
-            row["max_abs_err_vs_f64"] = float((fn()[:64].double() - want).abs().max())
-        except Exception as e:  # noqa: BLE001
-            row["error"] = f"{type(e).__name__}: {e}"[:500]
-        rows.append(row)
+        want = ref.weighted_mean(x[:64].double(), y.double(), h.double(), eps, 1, "grad")
+        for prec in ("ieee", "tf32x3"):
+            row = dict(primitive="weighted_mean_grad", backend="triton" if prec == "ieee" else "triton_tf32x3",
+                       n=n, m=n, d=d, p=1)
+            try:
+                fn = functools.partial(tri.weighted_mean_fwd, x, y, h, eps, 1, "grad", precision=prec)
+                row.update(_timeit(fn, budget_s=args.budget_large_d / 12))
+                row["pairs_per_s"] = n * n / row["median_s"]
+                row["max_abs_err_vs_f64"] = float((fn()[:64].double() - want).abs().max())
+            except Exception as e:  # noqa: BLE001
+                row["error"] = f"{type(e).__name__}: {e}"[:500]
+            rows.append(row)
     return dict(rows=rows)
 
 
@@ -312,14 +319,22 @@ def section_flash(args) -> dict:
         backend = "cpu"  # the interpreter at d = 64 is minutes per solve
     res.update(n=n, d=d, blur=blur, eps_steps=n_eps, srot_backend=backend)
     # max_iter = L (eps-scaling only): 2 L + 4 soft-min passes, flash-sinkhorn's (GeomLoss's) count for its L
-    # symmetric updates + last extrapolation; max_iter = L + 1 adds one alternating update (+1 pass)
+    # symmetric updates + last extrapolation; max_iter = L + 1 adds one alternating update (+1 pass).
+    # The large-d path's tl.dot precision: "ieee" (fp32 FMA, the default) and "tf32x3" (fp32 from three TF32
+    # tensor-core products), both fp32-accurate; plain TF32 never.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for key, iters in (("srot", n_eps), ("srot_max_iter_L_plus_1", n_eps + 1)):
-            loss = SROTLoss(p=2, blur=blur, scaling=0.5, diameter=diam, backend=backend, tol=1e-30, max_iter=iters)
-            res[key] = _timeit(_srot_loss_grad(loss, x, y), budget_s=args.budget_flash / 4)
-            res[key]["n_iter"] = loss.last_result.n_iter
-            res[key]["value"] = float(loss(x, y))
+        for key, iters, prec in (("srot", n_eps, "ieee"), ("srot_tf32x3", n_eps, "tf32x3"),
+                                 ("srot_max_iter_L_plus_1", n_eps + 1, "ieee")):
+            with _env(SROT_TRITON_DOT_PRECISION=prec):
+                loss = SROTLoss(p=2, blur=blur, scaling=0.5, diameter=diam, backend=backend, tol=1e-30,
+                                max_iter=iters)
+                res[key] = _timeit(_srot_loss_grad(loss, x, y), budget_s=args.budget_flash / 6)
+                res[key].update(n_iter=loss.last_result.n_iter, precision=prec)
+                res[key]["value"] = float(loss(x, y))
+                if key != "srot_max_iter_L_plus_1":  # where the time goes: the solve alone, one pass of each
+                    res[key]["forward_only"] = _timeit(functools.partial(loss, x, y), budget_s=args.budget_flash / 12)
+                    res[key]["passes"] = _pass_times(x, y, blur, backend, prec, args)
     try:
         import flash_sinkhorn
     except Exception as e:  # noqa: BLE001
@@ -331,14 +346,51 @@ def section_flash(args) -> dict:
         try:
             fl = flash_sinkhorn.SamplesLoss("sinkhorn", p=2, blur=blur, scaling=0.5, debias=False, half_cost=True,
                                             diameter=diam, allow_tf32=tf32)
-            res[key] = _timeit(_srot_loss_grad(fl, x, y), budget_s=args.budget_flash / 4)
+            res[key] = _timeit(_srot_loss_grad(fl, x, y), budget_s=args.budget_flash / 6)
             res[key]["value"] = float(fl(x, y))
+            res[key]["forward_only"] = _timeit(functools.partial(fl, x, y), budget_s=args.budget_flash / 12)
         except Exception as e:  # noqa: BLE001
             res[key] = f"{type(e).__name__}: {e}"[:500]
     if isinstance(res.get("flash_sinkhorn_tf32_off"), dict):
-        res["srot_over_flash_time_ratio"] = res["srot"]["median_s"] / res["flash_sinkhorn_tf32_off"]["median_s"]
+        for key in ("srot", "srot_tf32x3"):
+            res[f"{key}_over_flash_time_ratio"] = (res[key]["median_s"]
+                                                   / res["flash_sinkhorn_tf32_off"]["median_s"])
     res["triton_tuned_configs"] = _tuned_configs()
     return res
+
+
+class _env:
+    """Context manager: set environment variables, restore them on exit."""
+
+    def __init__(self, **kw):
+        self.kw, self.old = kw, {}
+
+    def __enter__(self):
+        for k, v in self.kw.items():
+            self.old[k] = os.environ.get(k)
+            os.environ[k] = v
+
+    def __exit__(self, *exc):
+        for k, v in self.old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _pass_times(x, y, blur, backend, prec, args) -> dict:
+    """Median time of one soft-min pass and one weighted-mean ('grad') pass at the flash problem's size."""
+    if backend != "triton":
+        return {}
+    import torch
+    from srot_fast.kernels import triton_softmin as tri
+
+    h = torch.full((y.shape[0],), -math.log(y.shape[0]), device=x.device)
+    eps = blur ** 2
+    return dict(softmin=_timeit(lambda: tri.softmin_fwd(x, y, h, eps, 2, precision=prec),
+                                budget_s=args.budget_flash / 24)["median_s"],
+                weighted_mean=_timeit(lambda: tri.weighted_mean_fwd(x, y, h, eps, 2, "grad", precision=prec),
+                                      budget_s=args.budget_flash / 24)["median_s"])
 
 
 def _tuned_configs():
@@ -410,6 +462,32 @@ def section_flow(args) -> dict:
                 final_mean_radius=float(x.norm(dim=1).mean()), triton_tuned_configs=_tuned_configs())
 
 
+_KEOPS_PROBE = """
+import faulthandler, torch, pykeops
+faulthandler.enable()
+pykeops.check_health()
+from pykeops.torch import LazyTensor
+x = LazyTensor(torch.rand(100, 1, 3, device="cuda")); y = LazyTensor(torch.rand(1, 100, 3, device="cuda"))
+print("keops reduction:", (-((x - y) ** 2).sum(2)).exp().sum(1).sum().item())
+"""
+
+
+def section_keops_diag(args) -> dict:
+    """Why KeOps crashes on this GPU (seen on an H200 image with CUDA 13: a segfault in its nvrtc compile):
+    KeOps' own health check, the CUDA libraries and headers it can find, a one-formula probe in a
+    subprocess, and a native backtrace under gdb when gdb is there. Output in subprocess.log."""
+    import shutil
+
+    res = dict(libs=_run(["bash", "-c", "ldconfig -p | grep -E 'nvrtc|libcuda.so|cudart'; ls -d /usr/local/cuda* "
+                                        "2>&1; python3 -m pip list 2>/dev/null | grep -i -E 'nvidia|cuda'"],
+                         timeout=30))
+    res["probe"] = _run([sys.executable, "-c", _KEOPS_PROBE], timeout=args.budget_keops)
+    if res["probe"].get("returncode") != 0 and shutil.which("gdb"):
+        res["gdb"] = _run(["gdb", "-batch", "-ex", "run", "-ex", "bt 25", "--args", sys.executable, "-c",
+                           _KEOPS_PROBE], timeout=args.budget_keops)
+    return res
+
+
 # ------------------------------------------------------------------------------------------------- main
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -432,6 +510,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-large-d", type=float, default=60)
     ap.add_argument("--budget-flash", type=float, default=90)
     ap.add_argument("--budget-flow", type=float, default=120)
+    ap.add_argument("--budget-keops", type=float, default=60, help="per KeOps probe process")
     args = ap.parse_args(argv)
     if args.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"  # before any import of triton
@@ -446,7 +525,8 @@ def main(argv=None) -> int:
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     results = dict(suite="srot_fast gpu_suite", started=_now(), sections={})
     funcs = {"env": section_env, "tests": section_tests, "primitives": section_primitives,
-             "large_d": section_large_d, "sinkhorn": section_sinkhorn, "flash": section_flash, "flow": section_flow}
+             "large_d": section_large_d, "sinkhorn": section_sinkhorn, "flash": section_flash, "flow": section_flow,
+             "keops_diag": section_keops_diag}
     for name in [s for s in args.sections.split(",") if s]:
         t = time.perf_counter()
         print(f"[gpu_suite] {name} ...", flush=True)

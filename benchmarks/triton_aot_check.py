@@ -52,7 +52,10 @@ def _compile(job):
         with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
             f.write(kern.asm["cubin"])
         usage = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True).stdout
+        sass = subprocess.run([CUOBJDUMP, "-sass", f.name], capture_output=True, text=True).stdout
         os.unlink(f.name)
+        # which units the dots use: HGMMA (Hopper wgmma), HMMA (mma.sync), else FFMA (CUDA cores)
+        row["mma"] = next((op for op in ("HGMMA", "HMMA") if op in sass), "FFMA")
         for key, pat in (("registers", r"REG:(\d+)"), ("stack_bytes", r"STACK:(\d+)")):
             m = re.search(pat, usage)
             row[key] = int(m.group(1)) if m else None
@@ -61,10 +64,24 @@ def _compile(job):
     return row
 
 
+_DOT_KERNELS = ("_softmin_fwd_kernel", "_weighted_mean_dot_kernel", "_weighted_sum_dot_kernel",
+                "_plan_argmax_fwd_kernel", "_max_sq_fwd_kernel")
+
+
 def jobs(quick: bool, arch: int) -> list:
-    """(kernel, signature, constexprs, num_warps, num_stages, arch) for every configuration to compile."""
+    """(kernel, signature, constexprs, num_warps, num_stages, arch) for every configuration to compile. The
+    kernels with a tl.dot take every configuration at PREC = "ieee"; float32 dot-path configurations at
+    D = 64 (and the two-pass ones at D = 300 / 3072) also at "tf32x3"."""
     out = []
-    add = lambda name, sig, const, w, s: out.append((name, sig, const, w, s, arch))  # noqa: E731
+
+    def add(name, sig, const, w, s):
+        if name not in _DOT_KERNELS:
+            out.append((name, sig, const, w, s, arch))
+            return
+        out.append((name, sig, {**const, "PREC": "ieee"}, w, s, arch))
+        if const.get("DOT", True) and const["D"] in (64, 300, 3072) and (const["D"] == 64 or "UNIT" in const):
+            out.append((name, sig, {**const, "PREC": "tf32x3"}, w, s, arch))
+
     dot_args = ["x_ptr", "y_ptr", "xx_ptr", "yy_ptr", "h_ptr", "prm_ptr", "out_ptr", "N", "M", "stride_x",
                 "stride_y", "coinc", "SIZE_KEY"]
     ints = {"N", "M", "stride_x", "stride_y", "SIZE_KEY"}

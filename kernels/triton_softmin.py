@@ -157,9 +157,10 @@ def _xy_dot_tile(
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,  # coordinates per tl.dot step (>= 16)
+    PREC: tl.constexpr,  # tl.dot input_precision: "ieee" (fp32 FMA) or "tf32x3" (fp32 split over 3 TF32 MMAs)
 ):
-    """(BLOCK_N, BLOCK_M) cross terms x_i.y_j by tl.dot over chunks of BLOCK_K coordinates at full fp32
-    accuracy: input_precision="ieee", never TF32 (large-d path)."""
+    """(BLOCK_N, BLOCK_M) cross terms x_i.y_j by tl.dot over chunks of BLOCK_K coordinates at fp32 accuracy
+    (``PREC``: never plain TF32; large-d path)."""
     xy = tl.zeros((BLOCK_N, BLOCK_M), dtype=x_ptr.dtype.element_ty)
     ks = tl.arange(0, BLOCK_K)
     for k0 in range(0, D, BLOCK_K):
@@ -167,7 +168,7 @@ def _xy_dot_tile(
         kmask = kk < D
         x_t = tl.load(x_ptr + rows[:, None] * stride_x + kk[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
         y_t = tl.load(y_ptr + cols[:, None] * stride_y + kk[None, :], mask=cmask[:, None] & kmask[None, :], other=0.0)
-        xy = tl.dot(x_t, tl.trans(y_t), xy, input_precision="ieee")
+        xy = tl.dot(x_t, tl.trans(y_t), xy, input_precision=PREC)
     return xy
 
 
@@ -177,10 +178,11 @@ def _sq_dist_dot_tile(
     xx_ptr, yy_ptr,  # (N,) |x_i|^2, (M,) |y_j|^2
     rows, rmask, cols, cmask, stride_x, stride_y,
     coinc,  # relative threshold: |x - y|^2 <= coinc * (|x|^2 + |y|^2) counts as 0 (rounding noise)
-    D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr,
 ):
     """(BLOCK_N, BLOCK_M) squared distances |x|^2 + |y|^2 - 2 x.y (large-d path)."""
-    xy = _xy_dot_tile(x_ptr, y_ptr, rows, rmask, cols, cmask, stride_x, stride_y, D, BLOCK_N, BLOCK_M, BLOCK_K)
+    xy = _xy_dot_tile(x_ptr, y_ptr, rows, rmask, cols, cmask, stride_x, stride_y, D, BLOCK_N, BLOCK_M, BLOCK_K,
+                      PREC)
     xx = tl.load(xx_ptr + rows, mask=rmask, other=0.0)
     yy = tl.load(yy_ptr + cols, mask=cmask, other=0.0)
     return _sq_from_dot(xy, xx, yy, coinc)
@@ -190,11 +192,12 @@ def _sq_dist_dot_tile(
 def _sq_tile(
     x_ptr, y_ptr, xx_ptr, yy_ptr, rows, rmask, cols, cmask, stride_x, stride_y, coinc,
     D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
+    PREC: tl.constexpr,
 ):
-    """Squared distances of one tile by the large-d (``DOT``) or the small-d path."""
+    """Squared distances of one tile by the large-d (``DOT``, tl.dot at ``PREC``) or the small-d path."""
     if DOT:
         sq = _sq_dist_dot_tile(x_ptr, y_ptr, xx_ptr, yy_ptr, rows, rmask, cols, cmask, stride_x, stride_y,
-                               coinc, D, BLOCK_N, BLOCK_M, BLOCK_K)
+                               coinc, D, BLOCK_N, BLOCK_M, BLOCK_K, PREC)
     else:
         sq = _sq_dist_tile(x_ptr, y_ptr, rows, rmask, cols, cmask, stride_x, stride_y, D, BLOCK_N, BLOCK_M)
     return sq
@@ -260,6 +263,7 @@ def _softmin_fwd_kernel(
     P: tl.constexpr,  # cost exponent, 1 or 2
     DOT: tl.constexpr,  # True: large-d path (tl.dot cross term); False: small-d path
     FOLD: tl.constexpr,  # DOT and P == 2: |x_i|^2 and |y_j|^2 folded out of the per-pair work
+    PREC: tl.constexpr,  # DOT: tl.dot input_precision ("ieee" or "tf32x3")
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -276,13 +280,13 @@ def _softmin_fwd_kernel(
         cmask = cols < M
         if FOLD:  # one FMA per pair after the dot: l_ij = (h_j - c |y_j|^2) + 2 c x_i.y_j, row term later
             xy = _xy_dot_tile(x_ptr, y_ptr, rows, rmask, cols, cmask, stride_x, stride_y, D, BLOCK_N, BLOCK_M,
-                              BLOCK_K)
+                              BLOCK_K, PREC)
             yy = tl.load(yy_ptr + cols, mask=cmask, other=0.0)
             bias = tl.load(h_ptr + cols, mask=cmask, other=float("-inf")) - cscale * yy
             logit = bias[None, :] + xy * (2.0 * cscale)
         else:
             sq = _sq_tile(x_ptr, y_ptr, xx_ptr, yy_ptr, rows, rmask, cols, cmask, stride_x, stride_y, coinc,
-                          D, BLOCK_N, BLOCK_M, BLOCK_K, DOT)
+                          D, BLOCK_N, BLOCK_M, BLOCK_K, DOT, PREC)
             logit = _logits_tile(sq, h_ptr, cols, cmask, cscale, P)
         m_i, alpha, w = _lse_step(m_i, logit, 1)
         s_i = s_i * alpha + tl.sum(w, 1)
@@ -441,13 +445,14 @@ def _weighted_mean_dot_kernel(
     D: tl.constexpr,
     P: tl.constexpr,
     UNIT: tl.constexpr,  # True: phi = (x - y) / |x - y| (0 at x = y); False: phi = y
+    PREC: tl.constexpr,  # tl.dot input_precision of both dots ("ieee" or "tf32x3")
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,  # power of two >= max(D, 16)
 ):
     """float32 weighted mean for 16 <= BLOCK_D <= 128, one pass (the FlashAttention pattern): each column
     tile of y is loaded once, forms the cross term x.y^T with tl.dot and adds tl.dot(w, y) into a
-    rescaled (BLOCK_N, BLOCK_D) register accumulator; both dots at fp32 accuracy (input_precision="ieee")."""
+    rescaled (BLOCK_N, BLOCK_D) register accumulator; both dots at fp32 accuracy (``PREC``)."""
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
@@ -465,7 +470,7 @@ def _weighted_mean_dot_kernel(
         cmask = cols < M
         y_t = _load_points(y_ptr, cols, cmask, dims, dmask, stride_y)  # (BLOCK_M, BLOCK_D)
         yy = tl.load(yy_ptr + cols, mask=cmask, other=0.0)
-        xy = tl.dot(x_t, tl.trans(y_t), input_precision="ieee")
+        xy = tl.dot(x_t, tl.trans(y_t), input_precision=PREC)
         sq = _sq_from_dot(xy, xx, yy, coinc)
         logit = _logits_tile(sq, h_ptr, cols, cmask, cscale, P)
         m_i, alpha, w = _lse_step(m_i, logit, 1)
@@ -473,7 +478,7 @@ def _weighted_mean_dot_kernel(
         if UNIT:
             w = tl.where(sq > 0, w / tl.sqrt(tl.where(sq > 0, sq, 1.0)), 0.0)
             u_i = u_i * alpha + tl.sum(w, 1)
-        acc = tl.dot(w, y_t, acc * alpha[:, None], input_precision="ieee")
+        acc = tl.dot(w, y_t, acc * alpha[:, None], input_precision=PREC)
     if UNIT:  # sum_j w'_ij (x_i - y_j) = x_i sum_j w'_ij - sum_j w'_ij y_j (the centring cancels)
         acc = x_t * u_i[:, None] - acc
     out = acc / s_i[:, None]
@@ -503,6 +508,7 @@ def _weighted_sum_dot_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT: tl.constexpr,  # True (float32): tl.dot; False (float64): broadcast products summed over the tile
+    PREC: tl.constexpr,  # DOT: tl.dot input_precision ("ieee" or "tf32x3")
 ):
     """Large-d weighted sum, second pass: with w_ij = 2^(l_ij - lse_i) already normalised, each column
     tile adds w' @ y_tile into the program's own rows of ``acc`` chunk by chunk of BLOCK_K coordinates
@@ -518,7 +524,7 @@ def _weighted_sum_dot_kernel(
         cols = j0 + tl.arange(0, BLOCK_M)
         cmask = cols < M
         sq = _sq_tile(x_ptr, y_ptr, xx_ptr, yy_ptr, rows, rmask, cols, cmask, stride_x, stride_y, coinc,
-                      D, BLOCK_N, BLOCK_M, BLOCK_K, DOT)
+                      D, BLOCK_N, BLOCK_M, BLOCK_K, DOT, PREC)
         logit = _logits_tile(sq, h_ptr, cols, cmask, cscale, P)
         w = tl.exp2(logit - lse[:, None])  # (BLOCK_N, BLOCK_M), rows sum to 1 over all tiles
         if UNIT:
@@ -534,7 +540,7 @@ def _weighted_sum_dot_kernel(
             amask = rmask[:, None] & kmask[None, :]
             acc = tl.load(a_ptrs, mask=amask, other=0.0)
             if DOT:
-                acc = tl.dot(w.to(y_t.dtype), y_t, acc, input_precision="ieee")
+                acc = tl.dot(w.to(y_t.dtype), y_t, acc, input_precision=PREC)
             else:
                 acc += tl.sum(w[:, :, None] * y_t[None, :, :], 1)
             tl.store(a_ptrs, acc, mask=amask)
@@ -558,6 +564,7 @@ def _plan_argmax_fwd_kernel(
     D: tl.constexpr,
     P: tl.constexpr,
     DOT: tl.constexpr,
+    PREC: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -572,7 +579,7 @@ def _plan_argmax_fwd_kernel(
         cols = j0 + tl.arange(0, BLOCK_M)
         cmask = cols < M
         sq = _sq_tile(x_ptr, y_ptr, xx_ptr, yy_ptr, rows, rmask, cols, cmask, stride_x, stride_y, coinc,
-                      D, BLOCK_N, BLOCK_M, BLOCK_K, DOT)
+                      D, BLOCK_N, BLOCK_M, BLOCK_K, DOT, PREC)
         logit = _logits_tile(sq, h_ptr, cols, cmask, cscale, P)
         t_max = tl.max(logit, 1)
         t_arg = tl.argmax(logit, 1, tie_break_left=True).to(tl.int64) + j0
@@ -596,6 +603,7 @@ def _max_sq_fwd_kernel(
     coinc,
     D: tl.constexpr,
     DOT: tl.constexpr,
+    PREC: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -608,7 +616,7 @@ def _max_sq_fwd_kernel(
         cols = j0 + tl.arange(0, BLOCK_M)
         cmask = cols < M
         sq = _sq_tile(x_ptr, y_ptr, xx_ptr, yy_ptr, rows, rmask, cols, cmask, stride_x, stride_y, coinc,
-                      D, BLOCK_N, BLOCK_M, BLOCK_K, DOT)
+                      D, BLOCK_N, BLOCK_M, BLOCK_K, DOT, PREC)
         best = tl.maximum(best, tl.max(tl.where(cmask[None, :], sq, 0.0), 1))
     tl.store(out_ptr + rows, best, mask=rmask)
 
@@ -676,9 +684,9 @@ def _autotune(kernel, configs, key, prune=None):
 
 
 _TUNED = {
-    "softmin_dot": _autotune(_softmin_fwd_kernel, _CFG_DOT, ["D", "P", "DOT", "SIZE_KEY"]),
+    "softmin_dot": _autotune(_softmin_fwd_kernel, _CFG_DOT, ["D", "P", "DOT", "PREC", "SIZE_KEY"]),
     "softmin_small": _autotune(_softmin_small_kernel, _CFG_SMALL, ["D", "P", "SIZE_KEY"]),
-    "wmean_dot": _autotune(_weighted_mean_dot_kernel, _CFG_WMEAN_DOT, ["D", "P", "UNIT", "SIZE_KEY"]),
+    "wmean_dot": _autotune(_weighted_mean_dot_kernel, _CFG_WMEAN_DOT, ["D", "P", "UNIT", "PREC", "SIZE_KEY"]),
     "wmean_small": _autotune(_weighted_mean_fwd_kernel, _CFG_WMEAN_SMALL, ["D", "P", "UNIT", "SIZE_KEY"],
                              prune=_prune_register_tiles),
 }
@@ -746,6 +754,22 @@ def _use_dot(path: str, d: int, dtype: torch.dtype) -> bool:
     return path == "dot" or (path == "auto" and d >= _DOT_MIN_D)
 
 
+_PRECISIONS = ("ieee", "tf32x3")
+
+
+def _precision(precision) -> str:
+    """tl.dot input precision of the large-d path: ``precision`` if given, else the environment variable
+    ``SROT_TRITON_DOT_PRECISION``, else "ieee". "ieee": fp32 FMA; "tf32x3": each fp32 operand split into a
+    TF32 high part and a TF32 low part, three tensor-core products (hi.hi + hi.lo + lo.hi) with fp32
+    accumulation, fp32-accurate (plain TF32 is never used)."""
+    name = "precision"
+    if precision is None:
+        precision, name = os.environ.get("SROT_TRITON_DOT_PRECISION", "ieee"), "SROT_TRITON_DOT_PRECISION"
+    if precision not in _PRECISIONS:
+        raise ValueError(f"{name} must be one of {_PRECISIONS}, got {precision!r}")
+    return precision
+
+
 def _operands(x, y, dot: bool):
     """Contiguous detached (x, y, xx, yy, coinc, centre) for a launch. Large-d path: both clouds are centred
     on their common mean (distances are unchanged, the cancellation in |x|^2 + |y|^2 - 2 x.y shrinks) and
@@ -765,16 +789,17 @@ def _operands(x, y, dot: bool):
 
 
 def softmin_fwd(x, y, h, eps, p, *, path="auto", block_n=None, block_m=None, block_k=None, num_warps=None,
-                trans=None):
+                trans=None, precision=None):
     """Launcher of :func:`softmin`. ``path``: 'small' (coordinate loop), 'dot' (tl.dot, fp32-exact) or
-    'auto' ('dot' for D >= 32). Block sizes are powers of two (>= 16 on the dot path); ``trans`` picks the
-    small-d tile orientation. On a GPU from ``_TUNE_MIN_PAIRS`` pairs with no block size given, the blocks
-    are autotuned (``_CFG_DOT`` / ``_CFG_SMALL``); otherwise defaults 32 x 64 (small), 64 x 64 x 32 (dot),
-    4 warps."""
+    'auto' ('dot' for D >= 32); ``precision``: the dot path's tl.dot precision (:func:`_precision`).
+    Block sizes are powers of two (>= 16 on the dot path); ``trans`` picks the small-d tile orientation.
+    On a GPU from ``_TUNE_MIN_PAIRS`` pairs with no block size given, the blocks are autotuned
+    (``_CFG_DOT`` / ``_CFG_SMALL``); otherwise defaults 32 x 64 (small), 64 x 64 x 32 (dot), 4 warps."""
     _check(x, y, h, p)
     n, d = x.shape
     m = y.shape[0]
     dot = _use_dot(path, d, x.dtype)
+    prec = _precision(precision)
     out = torch.empty(n, dtype=x.dtype, device=x.device)
     tune = _tune(x, n, m, (block_n, block_m, block_k, num_warps, trans))
     if not dot:  # coordinate-major copies: contiguous loads along rows and columns
@@ -791,23 +816,24 @@ def softmin_fwd(x, y, h, eps, p, *, path="auto", block_n=None, block_m=None, blo
     args = (x, y, xx, yy, _h2(h), _prm(x, eps), out, n, m, x.stride(0), y.stride(0), coinc, _size_key(n, m))
     if tune:
         _TUNED["softmin_dot"][lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, D=d, P=p, DOT=True,
-                                                                               FOLD=p == 2)
+                                                                               FOLD=p == 2, PREC=prec)
         return out
     block_n = block_n or 64
     _softmin_fwd_kernel[(triton.cdiv(n, block_n),)](
-        *args, D=d, P=p, DOT=True, FOLD=p == 2, BLOCK_N=block_n, BLOCK_M=block_m or 64,
+        *args, D=d, P=p, DOT=True, FOLD=p == 2, PREC=prec, BLOCK_N=block_n, BLOCK_M=block_m or 64,
         BLOCK_K=block_k or 32, num_warps=num_warps or 4,
     )
     return out
 
 
 def weighted_mean_fwd(x, y, h, eps, p, phi="y", *, path="auto", block_n=None, block_m=None, block_k=None,
-                      num_warps=None):
+                      num_warps=None, precision=None):
     """Launcher of :func:`weighted_mean`. Paths: 'small' (D <= 64): one streaming pass, products summed by
     broadcasting; 'dot' (float32 only; 'auto' takes it for 32 <= D): for D <= 128 one streaming pass with
     both x.y^T and w @ y by tl.dot, for D > 128 a softmin pass for the row normalisers then a pass adding
     tl.dot(w, y) into the (N, D) output. float64 above D = 64: the two passes with exact differences and
-    register sums. Autotuned on a GPU as :func:`softmin_fwd` (one-pass kernels); defaults 16 x 32 (small),
+    register sums. ``precision`` as :func:`softmin_fwd`. Autotuned on a GPU as :func:`softmin_fwd` (one-pass
+    kernels); defaults 16 x 32 (small),
     64 x 64 (dot, one pass), 64 x 64 x 32 (two passes)."""
     _check(x, y, h, p)
     if phi not in ("y", "grad"):
@@ -815,6 +841,7 @@ def weighted_mean_fwd(x, y, h, eps, p, phi="y", *, path="auto", block_n=None, bl
     n, d = x.shape
     m = y.shape[0]
     dot = _use_dot(path, d, x.dtype)  # also the argument check: path='dot' is float32 only
+    prec = _precision(precision)
     if path == "small" and d > _MAX_D_WMEAN:
         raise ValueError(f"the small-d weighted_mean path takes D <= {_MAX_D_WMEAN} (got {d}); use path='dot'")
     unit = phi == "grad" and p == 1
@@ -824,7 +851,7 @@ def weighted_mean_fwd(x, y, h, eps, p, phi="y", *, path="auto", block_n=None, bl
         x, y, xx, yy, coinc, centre = _operands(x, y, True)
         out = torch.empty(n, d, dtype=x.dtype, device=x.device)
         args = (x, y, xx, yy, _h2(h), _prm(x, eps), out, n, m, x.stride(0), y.stride(0), coinc, _size_key(n, m))
-        const = dict(D=d, P=p, UNIT=unit, BLOCK_D=max(16, triton.next_power_of_2(d)))
+        const = dict(D=d, P=p, UNIT=unit, PREC=prec, BLOCK_D=max(16, triton.next_power_of_2(d)))
         if _tune(x, n, m, fixed):
             _TUNED["wmean_dot"][lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **const)
         else:
@@ -837,13 +864,13 @@ def weighted_mean_fwd(x, y, h, eps, p, phi="y", *, path="auto", block_n=None, bl
         block_n, block_m = block_n or (64 if dot else 16), block_m or (64 if dot else 16)
         block_k = block_k or (32 if dot else 16)
         lse2 = softmin_fwd(x, y, h, eps, p, path="dot" if dot else "small", block_n=block_n, block_m=block_m,
-                           block_k=block_k, num_warps=num_warps) / -(eps * _LN2)
+                           block_k=block_k, num_warps=num_warps, precision=prec) / -(eps * _LN2)
         x, y, xx, yy, coinc, centre = _operands(x, y, dot)
         acc = torch.zeros(n, d, dtype=x.dtype, device=x.device)
         wsum = torch.empty(n, dtype=x.dtype, device=x.device)
         _weighted_sum_dot_kernel[(triton.cdiv(n, block_n),)](
             x, y, xx, yy, _h2(h), lse2.contiguous(), _prm(x, eps), acc, wsum, n, m, x.stride(0), y.stride(0),
-            coinc, D=d, P=p, UNIT=unit, BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, DOT=dot,
+            coinc, D=d, P=p, UNIT=unit, BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, DOT=dot, PREC=prec,
             num_warps=num_warps or 4,
         )
         if unit:  # sum_j w'_ij (x_i - y_j) = x_i sum_j w'_ij - sum_j w'_ij y_j (centring cancels)
@@ -868,7 +895,8 @@ def weighted_mean_fwd(x, y, h, eps, p, phi="y", *, path="auto", block_n=None, bl
     return out
 
 
-def plan_argmax_fwd(x, y, h, eps, p, *, path="auto", block_n=None, block_m=None, block_k=None, num_warps=None):
+def plan_argmax_fwd(x, y, h, eps, p, *, path="auto", block_n=None, block_m=None, block_k=None, num_warps=None,
+                    precision=None):
     """Launcher of :func:`plan_argmax` (paths and default block sizes as :func:`softmin_fwd`; not tuned)."""
     _check(x, y, h, p)
     n, d = x.shape
@@ -879,12 +907,13 @@ def plan_argmax_fwd(x, y, h, eps, p, *, path="auto", block_n=None, block_m=None,
     out = torch.empty(n, dtype=torch.int64, device=x.device)
     _plan_argmax_fwd_kernel[(triton.cdiv(n, block_n),)](
         x, y, xx, yy, _h2(h), _prm(x, eps), out, n, m, x.stride(0), y.stride(0), coinc,
-        D=d, P=p, DOT=dot, BLOCK_N=block_n, BLOCK_M=block_m or 64, BLOCK_K=block_k or 32, num_warps=num_warps or 4,
+        D=d, P=p, DOT=dot, PREC=_precision(precision), BLOCK_N=block_n, BLOCK_M=block_m or 64, BLOCK_K=block_k or 32,
+        num_warps=num_warps or 4,
     )
     return out
 
 
-def max_sq_fwd(x, y, *, path="auto", block_n=None, block_m=None, block_k=None, num_warps=None):
+def max_sq_fwd(x, y, *, path="auto", block_n=None, block_m=None, block_k=None, num_warps=None, precision=None):
     """(N,) max_j |x_i - y_j|^2 (launcher behind :func:`max_cost`; paths as :func:`softmin_fwd`; not tuned)."""
     _check(x, y)
     n, d = x.shape
@@ -895,7 +924,8 @@ def max_sq_fwd(x, y, *, path="auto", block_n=None, block_m=None, block_k=None, n
     out = torch.empty(n, dtype=x.dtype, device=x.device)
     _max_sq_fwd_kernel[(triton.cdiv(n, block_n),)](
         x, y, xx, yy, out, n, m, x.stride(0), y.stride(0), coinc,
-        D=d, DOT=dot, BLOCK_N=block_n, BLOCK_M=block_m or 64, BLOCK_K=block_k or 32, num_warps=num_warps or 4,
+        D=d, DOT=dot, PREC=_precision(precision), BLOCK_N=block_n, BLOCK_M=block_m or 64, BLOCK_K=block_k or 32,
+        num_warps=num_warps or 4,
     )
     return out
 

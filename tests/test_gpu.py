@@ -39,13 +39,18 @@ def _clouds(n, m, d, dtype, seed=0):
     return [t.to("cuda", dtype) for t in (x, y, s_x, s_y)]
 
 
-@pytest.mark.parametrize("prim,d,p", [("softmin", 2, 1), ("softmin", 64, 2), ("weighted_mean", 64, 2)])
-def test_autotuned_launches_match_float64(prim, d, p):
+@pytest.mark.parametrize("prim,d,p,precision", [("softmin", 2, 1, None), ("softmin", 64, 2, "ieee"),
+                                                ("weighted_mean", 64, 2, "ieee"), ("softmin", 64, 2, "tf32x3"),
+                                                ("weighted_mean", 64, 2, "tf32x3")])
+def test_autotuned_launches_match_float64(prim, d, p, precision, monkeypatch):
     """At n = m = 8192 (2^26 pairs, the tuning threshold) the launch is autotuned over the candidate blocks;
-    the chosen kernel's rows match a float64 reference (256 rows against all columns)."""
+    the chosen kernel's rows match a float64 reference (256 rows against all columns), with the large-d
+    path's tl.dot at each precision (set through SROT_TRITON_DOT_PRECISION, as a user would)."""
     from srot_fast.kernels import tensorized as ref
     from srot_fast.kernels import triton_softmin as tri
 
+    if precision is not None:
+        monkeypatch.setenv("SROT_TRITON_DOT_PRECISION", precision)
     n = 8192
     x, y, _, _ = _clouds(n, n, d, torch.float32)
     h = torch.full((n,), -torch.log(torch.tensor(float(n))).item(), device="cuda")
@@ -63,14 +68,18 @@ def test_autotuned_launches_match_float64(prim, d, p):
     assert float((out - want).abs().max()) < tol
 
 
-@pytest.mark.parametrize("d,dtype,p", [(2, torch.float32, 1), (2, torch.float32, 2), (2, torch.float64, 1),
-                                       (64, torch.float32, 2), (3072, torch.float32, 2)])
-def test_srotloss_triton_matches_tensorized_on_cuda(d, dtype, p):
+@pytest.mark.parametrize("d,dtype,p,precision", [(2, torch.float32, 1, None), (2, torch.float32, 2, None),
+                                                 (2, torch.float64, 1, None), (64, torch.float32, 2, "ieee"),
+                                                 (3072, torch.float32, 2, "ieee"), (64, torch.float32, 1, "tf32x3"),
+                                                 (3072, torch.float32, 2, "tf32x3")])
+def test_srotloss_triton_matches_tensorized_on_cuda(d, dtype, p, precision, monkeypatch):
     """Soft SROT, KL, 40 updates, 'triton' in ``dtype`` against 'tensorized' in float64 on the same CUDA
     points: value within 1e-5 (float32) / 1e-10 (float64) relative, gradients within 2e-4 sqrt(max(1, d/64))
     (float32: the large-d path's |x|^2 + |y|^2 - 2 x.y rounding grows like sqrt(d)) / 1e-9 of their max.
     Under the CPU interpreter the same comparison measured 6e-8 (value) and 3e-5 / 1e-4 (gradients, d = 64
     / 300) in float32."""
+    if precision is not None:  # the large-d path's tl.dot precision
+        monkeypatch.setenv("SROT_TRITON_DOT_PRECISION", precision)
     n, m = (700, 900) if d < 1000 else (300, 260)
     x0, y0, s_x, s_y = _clouds(n, m, d, torch.float64)
     # costs O(1) at every d: unscaled, d = 3072 gives C ~ 300 >> reach 1, nothing is transported and the

@@ -369,37 +369,54 @@ def test_triton_dot_path_kink():
 
 
 @pytest.mark.triton
-def test_triton_dot_path_asks_for_ieee():
-    """Every tl.dot of the large-d path requests input_precision="ieee" (the interpreter ignores the
-    precision, so on CPU only the source can be checked; the GPU test below checks the numbers)."""
+def test_triton_dot_path_never_asks_for_plain_tf32(monkeypatch):
+    """Every tl.dot of the large-d path takes its precision from the launcher (``PREC``), which is "ieee"
+    unless "tf32x3" is asked for; plain "tf32" is refused, naming the argument or the variable (the
+    interpreter ignores the precision, so on CPU only the source and the choice can be checked; the GPU
+    test below checks the numbers)."""
     import inspect
 
     mod = _backend("triton")
     for fn in (mod._xy_dot_tile, mod._weighted_sum_dot_kernel, mod._weighted_mean_dot_kernel):
         calls = re.findall(r"= tl\.dot\((.*)\)", inspect.getsource(fn.fn))
-        assert calls and all('input_precision="ieee"' in c for c in calls), calls
-        src = inspect.getsource(fn.fn)
-        assert "tf32" not in src
+        assert calls and all("input_precision=PREC" in c for c in calls), calls
+    monkeypatch.delenv("SROT_TRITON_DOT_PRECISION", raising=False)
+    assert mod._precision(None) == "ieee"
+    assert mod._precision("tf32x3") == "tf32x3"
+    monkeypatch.setenv("SROT_TRITON_DOT_PRECISION", "tf32x3")
+    assert mod._precision(None) == "tf32x3"
+    assert mod._precision("ieee") == "ieee"
+    monkeypatch.setenv("SROT_TRITON_DOT_PRECISION", "tf32")
+    with pytest.raises(ValueError, match="SROT_TRITON_DOT_PRECISION"):
+        mod._precision(None)
+    with pytest.raises(ValueError, match="precision"):
+        mod._precision("tf32")
+    x, y, h, _ = _problem(40, torch.float32, 2)
+    with pytest.raises(ValueError, match="SROT_TRITON_DOT_PRECISION"):
+        mod.softmin_fwd(x, y, h, 0.1, 2)
 
 
 @pytest.mark.gpu
 @pytest.mark.triton
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (TF32 only exists there)")
-def test_triton_dot_path_is_fp32_accurate():
+@pytest.mark.parametrize("precision", ["ieee", "tf32x3"])
+def test_triton_dot_path_is_fp32_accurate(precision):
     """On GPU, squared distances from the tl.dot path at D = 300 and 3072 (image-like data in [0, 1])
-    within 2e-6 relative of float64: TF32 inputs would give ~2e-5 to 6e-5 (simulated on CPU)."""
+    within 2e-6 relative of float64, for both precisions: TF32 inputs would give ~2e-5 to 6e-5 (simulated
+    on CPU); fp32 and a CPU simulation of tf32x3 give ~2e-7."""
     mod = _backend("triton")
     g = torch.Generator().manual_seed(0)
     for d in (300, 3072):
         x = torch.rand(256, d, generator=g)
         y = torch.rand(64, d, generator=g)
         expected = (torch.cdist(x.double(), y.double()) ** 2).max(1).values
-        out = mod.max_sq_fwd(x.cuda(), y.cuda(), path="dot").cpu().double()
+        out = mod.max_sq_fwd(x.cuda(), y.cuda(), path="dot", precision=precision).cpu().double()
         assert ((out - expected).abs() / expected).max() < 2e-6
         # per pair: one column at a time through the softmin (M = 1: out_i = C(x_i, y_0) exactly)
         for j in range(4):
             h = torch.zeros(1, device="cuda")
-            got = mod.softmin_fwd(x.cuda(), y[j : j + 1].cuda(), h, 1.0, 2, path="dot").cpu().double()
+            got = mod.softmin_fwd(x.cuda(), y[j : j + 1].cuda(), h, 1.0, 2, path="dot",
+                                  precision=precision).cpu().double()
             want = (x.double() - y[j].double()).square().sum(1) / 2
             assert ((got - want).abs() / want).max() < 2e-6
 
