@@ -21,8 +21,11 @@ tile of squared distances:
   where each thread owns a row and reduces its columns in registers (no warp shuffles);
 - *large-d path* (float32, D >= 32, any D; tested up to 3072 on a GPU, meant for up to 12288 = 64 x 64 x 3
   images): |x|^2 + |y|^2 - 2 x.y with the cross term from ``tl.dot`` over chunks of ``BLOCK_K`` coordinates
-  at full fp32 accuracy (``input_precision="ieee"``: no TF32, whose 10-bit mantissa gives ~5e-5 relative
-  error on squared distances at D = 300 against ~2e-7 for fp32). Both clouds are centred on their
+  at fp32 accuracy, never plain TF32 (whose 10-bit mantissa gives ~5e-5 relative error on squared
+  distances at D = 300 against ~2e-7 for fp32). ``input_precision`` is "ieee" (fp32 FMA, the default) or
+  "tf32x3" (``SROT_TRITON_DOT_PRECISION=tf32x3`` or ``precision=``: each operand split into a TF32 high
+  part and a TF32 remainder, hi.hi + hi.lo + lo.hi on the tensor cores with fp32 accumulation; on an H200
+  the same error against float64 as "ieee" and 2.7-3.7x faster). Both clouds are centred on their
   common mean first; pairs closer than the rounding noise (relative 2 sqrt(D) u) count as coincident
   (p = 1). For p = 2 the softmin folds the norms out of the pair loop: l_ij = (h_j - c |y_j|^2) +
   2 c x_i.y_j, the row term -c |x_i|^2 added at the end (one FMA per pair after the dot).
@@ -52,18 +55,19 @@ dtype, so it cannot show TF32: the GPU-only test ``test_triton_dot_path_is_fp32_
 benchmarks/gpu_suite.py). benchmarks/triton_aot_check.py compiles every configuration for sm_90 without a
 GPU (shared memory, register spills).
 
-GPU (H200, Triton 3.6, torch 2.11+cu130, 2026-11-26; benchmarks/README.md "GPU"): before tuning, 84 of 96
-GPU/Triton tests passed (11 float64 ``tl.dot`` compile failures, since removed). After tuning: the 100k-point
-2-D flow at 0.151 s per step (~1.5e12 pairs/s per soft-min pass, transposed small-d tile); p = 2, d = 64,
-n = 50k loss + gradient 1.03x flash-sinkhorn's time at fp32; the GPU test runs were cut short by their
-time budget (3 failures among the ~110 finished, one identified and fixed, two unidentified).
+GPU (H200, Triton 3.6, torch 2.11+cu130, 2026-11-26; benchmarks/README.md "GPU"): ``pytest -m "gpu or
+triton"`` 119 passed, 2 failed (CPU-vs-CUDA detector checks under cuDNN TF32, not these kernels; fixed in
+the tests since). The 100k-point 2-D flow: 400 steps in 79.6 s (0.149 s per step, transposed small-d tile).
+p = 2, d = 64, n = 50k loss + gradient against flash-sinkhorn at fp32: 1.005x its time with "ieee", 0.32x
+with "tf32x3". Large-d softmin at n = 8192: 6.5e10 / 2.4e9 / 6.1e8 pairs/s ("ieee") and 1.7e11 / 8.8e9 /
+2.3e9 ("tf32x3") at D = 64 / 3072 / 12288, against 3.7e10 / 6.9e9 / 2.0e9 for dense cuBLAS without TF32.
 
 Caution:
     - Large-d path: distances below the rounding noise of |x|^2 + |y|^2 - 2 x.y (relative 2 sqrt(D) u,
       e.g. 2.6e-5 of |x - c|^2 + |y - c|^2 at D = 12288 in float32) are set to 0 (p = 1 and every
       primitive but the p = 2 softmin, where the fold leaves them at their rounding value).
-    - At D = 3072 / 12288 the large-d softmin was 3.6x / 4.1x slower than the dense cuBLAS-based torch
-      formula on an H200 before tuning (not remeasured since).
+    - At D = 3072 / 12288 the "ieee" softmin is 2.9x / 3.2x slower than the dense cuBLAS formula on an H200
+      (after tuning); "tf32x3" is 1.27x / 1.15x faster than it.
     - Autotuning costs ~10-30 s on the first large launch of each key (compilation of every candidate).
     - Inputs must live on a CUDA device, or on the CPU with ``TRITON_INTERPRET=1`` set before triton is
       imported. triton is imported by this module only.
