@@ -1,7 +1,20 @@
-"""Argument checks shared by the kernel backends (cpu_ops, keops_ops, triton_softmin)."""
+"""Argument checks and the cache folder shared by the kernel backends (cpu_ops, keops_ops, triton_softmin)."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import torch
+
+
+def cache_dir() -> Path:
+    """Where built kernels and probe results live: ``$SROT_FAST_CACHE``, else ``$XDG_CACHE_HOME/srot_fast``,
+    else ``~/.cache/srot_fast``."""
+    root = os.environ.get("SROT_FAST_CACHE")
+    if root:
+        return Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "srot_fast"
 
 
 def check_operands(x: torch.Tensor, y: torch.Tensor, h=None, p: int = 1, *, allow_empty: bool = False) -> None:

@@ -55,7 +55,7 @@ from typing import Optional
 
 import torch
 
-from ._common import check_operands
+from ._common import cache_dir, check_operands
 
 __all__ = [
     "available",
@@ -84,14 +84,6 @@ _error: Optional[str] = None
 
 
 # --------------------------------------------------------------------------------------------- build
-def _cache_dir() -> Path:
-    root = os.environ.get("SROT_FAST_CACHE")
-    if root:
-        return Path(root)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "srot_fast"
-
-
 def _cpu_flags() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -108,7 +100,7 @@ def _build(cxx: str) -> Path:
     key = hashlib.sha256(
         b"\0".join([src, " ".join(_FLAGS).encode(), cxx.encode(), _cpu_flags().encode(), platform.machine().encode()])
     ).hexdigest()[:16]
-    out_dir = _cache_dir()
+    out_dir = cache_dir()
     so = out_dir / f"srot_cpu_ops_{key}.so"
     if so.exists():
         return so

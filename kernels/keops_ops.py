@@ -30,17 +30,36 @@ Caution:
     - Outputs are differentiable through KeOps's autograd, but the package uses the envelope theorem.
     - The p = 1 direction uses KeOps's ``Rsqrt``, which is 0 at 0, so it is 0 at coincident points.
     - float32 argmax indices are returned by KeOps as floats: exact for M < 2**24.
+    - CUDA: before the first CUDA reduction of a process, one tiny CUDA formula is compiled and run in a
+      child process (:func:`check_cuda`), because pykeops 2.3 died with a segmentation fault at its first
+      CUDA formula on an H200 image with CUDA 13 (benchmarks/README.md "GPU"), killing the caller. A crash
+      there becomes a ``RuntimeError`` here; success is remembered per (pykeops, CUDA, GPU) in the cache
+      folder. ``SROT_KEOPS_CUDA_PROBE=0`` skips the probe.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import subprocess
+import sys
+
 import torch
 
-from ._common import check_operands
+from ._common import cache_dir, check_operands
 
-__all__ = ["available", "softmin", "weighted_mean", "plan_argmax", "max_cost"]
+__all__ = ["available", "check_cuda", "softmin", "weighted_mean", "plan_argmax", "max_cost"]
 
 _available = None
+_cuda_checked = False
+# one small CUDA reduction, run in a child process by check_cuda()
+_CUDA_PROBE = """
+import torch
+from pykeops.torch import LazyTensor
+x = LazyTensor(torch.rand(64, 1, 3, device="cuda"))
+y = LazyTensor(torch.rand(1, 48, 3, device="cuda"))
+assert torch.isfinite((-((x - y) ** 2).sum(2)).exp().sum(1)).all()
+"""
 
 
 def available() -> bool:
@@ -64,7 +83,46 @@ def _lazy():
     return LazyTensor
 
 
-_check = check_operands
+def _probe_key() -> str:
+    import importlib.metadata
+
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    key = f"{importlib.metadata.version('pykeops')}|{torch.version.cuda}|{dev}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def check_cuda(timeout: float = 900.0) -> None:
+    """Compile and run one small KeOps CUDA formula in a child process, once per process; ``RuntimeError``
+    naming the exit status if it crashes or fails (a segmentation fault in KeOps's CUDA compiler would
+    otherwise kill this process), or does not finish within ``timeout`` seconds. Success is remembered in
+    the cache folder per (pykeops version, CUDA version, GPU name). ``SROT_KEOPS_CUDA_PROBE=0`` skips it."""
+    global _cuda_checked
+    if _cuda_checked or os.environ.get("SROT_KEOPS_CUDA_PROBE", "1") == "0":
+        return
+    marker = cache_dir() / f"keops_cuda_ok_{_probe_key()}"
+    if marker.exists():
+        _cuda_checked = True
+        return
+    try:
+        res = subprocess.run([sys.executable, "-c", _CUDA_PROBE], capture_output=True, text=True, timeout=timeout)
+        rc, tail = res.returncode, (res.stdout + res.stderr)[-1500:]
+    except subprocess.TimeoutExpired:
+        rc, tail = "timeout", f"no result within {timeout:.0f} s"
+    if rc != 0:
+        what = "a segmentation fault" if rc == -11 else f"exit status {rc}"
+        raise RuntimeError(
+            f"backend='keops' cannot run on this GPU: a one-formula KeOps CUDA probe ended with {what} "
+            "(seen with pykeops 2.3 on CUDA 13, inside KeOps's nvrtc compile). Use backend='triton' "
+            f"(pip install 'srot_fast[triton]') or 'tensorized'. Probe output:\n{tail}")
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    _cuda_checked = True
+
+
+def _check(x, y, h=None, p=1):
+    check_operands(x, y, h, p)
+    if x.is_cuda:
+        check_cuda()
 
 
 def _params(x, *values):

@@ -235,3 +235,56 @@ def test_cpu_backend_without_compiler_matches(monkeypatch):
     for got, want in zip(grads, ref_grads):
         torch.testing.assert_close(got, want, **TOL)
     assert math.isfinite(res.marginal_error)
+
+
+# ------------------------------------------------------------------------- KeOps CUDA crash guard
+def _keops_probe_env(monkeypatch, tmp_path, script):
+    from srot_fast.kernels import keops_ops
+
+    monkeypatch.setenv("SROT_FAST_CACHE", str(tmp_path))
+    monkeypatch.delenv("SROT_KEOPS_CUDA_PROBE", raising=False)
+    monkeypatch.setattr(keops_ops, "_cuda_checked", False)
+    monkeypatch.setattr(keops_ops, "_probe_key", lambda: "testkey")
+    monkeypatch.setattr(keops_ops, "_CUDA_PROBE", script)
+    return keops_ops
+
+
+def test_keops_cuda_probe_turns_a_crash_into_an_error(monkeypatch, tmp_path):
+    """A KeOps CUDA compile that segfaults (pykeops 2.3 on CUDA 13) must not kill the caller: the child
+    process's crash becomes a RuntimeError naming it and the backends to use instead; nothing is cached."""
+    mod = _keops_probe_env(monkeypatch, tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    with pytest.raises(RuntimeError, match=r"segmentation fault.*backend='triton'"):
+        mod.check_cuda()
+    assert not (tmp_path / "keops_cuda_ok_testkey").exists()
+    mod = _keops_probe_env(monkeypatch, tmp_path, "raise SystemExit(3)")
+    with pytest.raises(RuntimeError, match="exit status 3"):
+        mod.check_cuda()
+
+
+def test_keops_cuda_probe_success_is_remembered(monkeypatch, tmp_path):
+    mod = _keops_probe_env(monkeypatch, tmp_path, "pass")
+    mod.check_cuda()
+    assert (tmp_path / "keops_cuda_ok_testkey").exists()
+
+    def no_subprocess(*a, **k):
+        raise AssertionError("probe ran again")
+
+    monkeypatch.setattr(mod.subprocess, "run", no_subprocess)
+    mod.check_cuda()  # same process: remembered
+    monkeypatch.setattr(mod, "_cuda_checked", False)
+    mod.check_cuda()  # new process, same (pykeops, CUDA, GPU): the marker file
+    monkeypatch.setattr(mod, "_probe_key", lambda: "otherkey")
+    monkeypatch.setattr(mod, "_cuda_checked", False)
+    monkeypatch.setenv("SROT_KEOPS_CUDA_PROBE", "0")
+    mod.check_cuda()  # skipped on request
+
+
+def test_keops_cpu_tensors_never_probe_cuda(monkeypatch):
+    from srot_fast.kernels import keops_ops
+
+    def boom():
+        raise AssertionError("CUDA probe on CPU tensors")
+
+    monkeypatch.setattr(keops_ops, "check_cuda", boom)
+    x, y, h = torch.randn(5, 2), torch.randn(4, 2), torch.zeros(4)
+    keops_ops._check(x, y, h, 1)
