@@ -71,7 +71,8 @@ _DOT_KERNELS = ("_softmin_fwd_kernel", "_weighted_mean_dot_kernel", "_weighted_s
 def jobs(quick: bool, arch: int) -> list:
     """(kernel, signature, constexprs, num_warps, num_stages, arch) for every configuration to compile. The
     kernels with a tl.dot take every configuration at PREC = "ieee"; float32 dot-path configurations at
-    D = 64 (and the two-pass ones at D = 300 / 3072) also at "tf32x3"."""
+    D = 64, the softmin's at D = 300 / 3072 and the two-pass weighted sum's at D = 300 / 3072 also at
+    "tf32x3"."""
     out = []
 
     def add(name, sig, const, w, s):
@@ -79,7 +80,8 @@ def jobs(quick: bool, arch: int) -> list:
             out.append((name, sig, const, w, s, arch))
             return
         out.append((name, sig, {**const, "PREC": "ieee"}, w, s, arch))
-        if const.get("DOT", True) and const["D"] in (64, 300, 3072) and (const["D"] == 64 or "UNIT" in const):
+        if const.get("DOT", True) and const["D"] in (64, 300, 3072) and (
+                const["D"] == 64 or "UNIT" in const or name == "_softmin_fwd_kernel"):
             out.append((name, sig, {**const, "PREC": "tf32x3"}, w, s, arch))
 
     dot_args = ["x_ptr", "y_ptr", "xx_ptr", "yy_ptr", "h_ptr", "prm_ptr", "out_ptr", "N", "M", "stride_x",

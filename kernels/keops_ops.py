@@ -33,8 +33,8 @@ Caution:
     - CUDA: before the first CUDA reduction of a process, one tiny CUDA formula is compiled and run in a
       child process (:func:`check_cuda`), because pykeops 2.3 died with a segmentation fault at its first
       CUDA formula on an H200 image with CUDA 13 (benchmarks/README.md "GPU"), killing the caller. A crash
-      there becomes a ``RuntimeError`` here; success is remembered per (pykeops, CUDA, GPU) in the cache
-      folder. ``SROT_KEOPS_CUDA_PROBE=0`` skips the probe.
+      there becomes a ``RuntimeError`` here (raised again on later calls); success is remembered per
+      (pykeops, CUDA, driver, GPU, nvrtc) in the cache folder. ``SROT_KEOPS_CUDA_PROBE=0`` skips the probe.
 """
 
 from __future__ import annotations
@@ -51,13 +51,15 @@ from ._common import cache_dir, check_operands
 __all__ = ["available", "check_cuda", "softmin", "weighted_mean", "plan_argmax", "max_cost"]
 
 _available = None
-_cuda_checked = False
-# one small CUDA reduction, run in a child process by check_cuda()
+_cuda_checked: set = set()  # CUDA device indices whose probe succeeded in this process
+_cuda_failed: dict = {}  # device index -> the RuntimeError of its failed probe (raised again, not re-probed)
+# one small CUDA reduction on the device given as argv[1], run in a child process by check_cuda()
 _CUDA_PROBE = """
-import torch
+import sys, torch
 from pykeops.torch import LazyTensor
-x = LazyTensor(torch.rand(64, 1, 3, device="cuda"))
-y = LazyTensor(torch.rand(1, 48, 3, device="cuda"))
+dev = torch.device("cuda", int(sys.argv[1]))
+x = LazyTensor(torch.rand(64, 1, 3, device=dev))
+y = LazyTensor(torch.rand(1, 48, 3, device=dev))
 assert torch.isfinite((-((x - y) ** 2).sum(2)).exp().sum(1)).all()
 """
 
@@ -83,46 +85,68 @@ def _lazy():
     return LazyTensor
 
 
-def _probe_key() -> str:
+def _probe_key(index: int) -> str:
+    """What the probe's verdict depends on: pykeops / keopscore versions, torch's CUDA and the driver
+    version, the GPU's name and compute capability, and the nvrtc library KeOps would load."""
+    import ctypes.util
     import importlib.metadata
 
-    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
-    key = f"{importlib.metadata.version('pykeops')}|{torch.version.cuda}|{dev}"
+    versions = []
+    for dist in ("pykeops", "keopscore"):
+        try:
+            versions.append(importlib.metadata.version(dist))
+        except importlib.metadata.PackageNotFoundError:
+            versions.append("-")
+    props = torch.cuda.get_device_properties(index)
+    driver = getattr(torch._C, "_cuda_getDriverVersion", lambda: "?")()
+    key = "|".join(map(str, (*versions, torch.version.cuda, driver, props.name, props.major, props.minor,
+                             ctypes.util.find_library("nvrtc"))))
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def check_cuda(timeout: float = 900.0) -> None:
-    """Compile and run one small KeOps CUDA formula in a child process, once per process; ``RuntimeError``
-    naming the exit status if it crashes or fails (a segmentation fault in KeOps's CUDA compiler would
-    otherwise kill this process), or does not finish within ``timeout`` seconds. Success is remembered in
-    the cache folder per (pykeops version, CUDA version, GPU name). ``SROT_KEOPS_CUDA_PROBE=0`` skips it."""
-    global _cuda_checked
-    if _cuda_checked or os.environ.get("SROT_KEOPS_CUDA_PROBE", "1") == "0":
+def check_cuda(device=None, timeout: float = 900.0) -> None:
+    """Compile and run one small KeOps CUDA formula on ``device`` in a child process, once per process and
+    device. ``RuntimeError`` if it crashes, fails or does not finish within ``timeout`` seconds (a
+    segmentation fault in KeOps's CUDA compiler would otherwise kill this process); a failure is raised
+    again on later calls without a new probe. Success is remembered in the cache folder per (pykeops,
+    CUDA, driver, GPU, nvrtc). ``SROT_KEOPS_CUDA_PROBE=0`` skips it."""
+    if os.environ.get("SROT_KEOPS_CUDA_PROBE", "1") == "0":
         return
-    marker = cache_dir() / f"keops_cuda_ok_{_probe_key()}"
+    index = torch.device(device if device is not None else "cuda").index
+    index = torch.cuda.current_device() if index is None else index
+    if index in _cuda_checked:
+        return
+    if index in _cuda_failed:
+        raise _cuda_failed[index]
+    marker = cache_dir() / f"keops_cuda_ok_{_probe_key(index)}"
     if marker.exists():
-        _cuda_checked = True
+        _cuda_checked.add(index)
         return
     try:
-        res = subprocess.run([sys.executable, "-c", _CUDA_PROBE], capture_output=True, text=True, timeout=timeout)
+        res = subprocess.run([sys.executable, "-c", _CUDA_PROBE, str(index)], capture_output=True, text=True,
+                             timeout=timeout)
         rc, tail = res.returncode, (res.stdout + res.stderr)[-1500:]
-    except subprocess.TimeoutExpired:
-        rc, tail = "timeout", f"no result within {timeout:.0f} s"
-    if rc != 0:
         what = "a segmentation fault" if rc == -11 else f"exit status {rc}"
-        raise RuntimeError(
-            f"backend='keops' cannot run on this GPU: a one-formula KeOps CUDA probe ended with {what} "
+    except subprocess.TimeoutExpired:
+        rc, tail, what = None, "", f"no result within {timeout:.0f} s"
+    if rc != 0:
+        _cuda_failed[index] = RuntimeError(
+            f"backend='keops' cannot run on cuda:{index}: a one-formula KeOps CUDA probe ended with {what} "
             "(seen with pykeops 2.3 on CUDA 13, inside KeOps's nvrtc compile). Use backend='triton' "
             f"(pip install 'srot_fast[triton]') or 'tensorized'. Probe output:\n{tail}")
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.touch()
-    _cuda_checked = True
+        raise _cuda_failed[index]
+    _cuda_checked.add(index)
+    try:  # a read-only cache folder only costs a probe per process
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError:
+        pass
 
 
 def _check(x, y, h=None, p=1):
     check_operands(x, y, h, p)
     if x.is_cuda:
-        check_cuda()
+        check_cuda(x.device)
 
 
 def _params(x, *values):

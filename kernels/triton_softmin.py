@@ -25,10 +25,11 @@ tile of squared distances:
   distances at D = 300 against ~2e-7 for fp32). ``input_precision`` is "ieee" (fp32 FMA, the default) or
   "tf32x3" (``SROT_TRITON_DOT_PRECISION=tf32x3`` or ``precision=``: each operand split into a TF32 high
   part and a TF32 remainder, hi.hi + hi.lo + lo.hi on the tensor cores with fp32 accumulation; on an H200
-  the same error against float64 as "ieee" and 2.7-3.7x faster). Both clouds are centred on their
-  common mean first; pairs closer than the rounding noise (relative 2 sqrt(D) u) count as coincident
-  (p = 1). For p = 2 the softmin folds the norms out of the pair loop: l_ij = (h_j - c |y_j|^2) +
-  2 c x_i.y_j, the row term -c |x_i|^2 added at the end (one FMA per pair after the dot).
+  the same error against float64 as "ieee", the softmin 2.7-3.7x and the weighted mean 2.2-2.3x faster).
+  Both clouds are centred on their common mean first; pairs closer than the rounding noise (relative
+  2 sqrt(D) u) count as coincident (p = 1). For p = 2 the softmin folds the norms out of the pair loop:
+  l_ij = (h_j - c |y_j|^2) + 2 c x_i.y_j, the row term -c |x_i|^2 added at the end (one FMA per pair
+  after the dot).
 
 ``weighted_mean``: small-d path (D <= 64): one streaming pass with a (BLOCK_N, D) register accumulator and
 broadcast products; float32 at 32 <= D <= 128: one pass with both x.y^T and w @ y by ``tl.dot`` (the
@@ -38,8 +39,8 @@ then a second kernel adds ``w @ y_tile`` chunk by chunk into the program's own r
 ``eps`` travels as a tensor of the input dtype (a Python float would be specialised to float32).
 
 Block sizes: on a GPU, the first launch of at least ``_TUNE_MIN_PAIRS`` (2^26) pairs per (kernel, D, p,
-dtype, size bucket) is autotuned among ``_CFG_DOT`` / ``_CFG_SMALL`` / ``_CFG_WMEAN_DOT`` /
-``_CFG_WMEAN_SMALL`` (CUDA-event timing, no extra memory; ``SROT_TRITON_AUTOTUNE=0`` turns it off;
+path, phi, precision, dtype, size bucket) is autotuned among ``_CFG_DOT`` / ``_CFG_SMALL`` /
+``_CFG_WMEAN_DOT`` / ``_CFG_WMEAN_SMALL`` (CUDA-event timing, no extra memory; ``SROT_TRITON_AUTOTUNE=0`` turns it off;
 ``tuned_configs()`` reports the choices); smaller launches, the interpreter and explicit block sizes use
 fixed defaults.
 
@@ -631,7 +632,8 @@ def _configs(blocks, names=("BLOCK_N", "BLOCK_M", "BLOCK_K")):
     return [triton.Config(dict(zip(names, b[:-2])), num_warps=b[-2], num_stages=b[-1]) for b in blocks]
 
 
-# Candidates benchmarked on the first large call per (kernel, D, P, path, dtype, size bucket) on a GPU.
+# Candidates benchmarked on the first large call per (kernel, D, P, path, phi, precision, dtype, size bucket)
+# on a GPU.
 # (BLOCK_N, BLOCK_M, BLOCK_K, num_warps, num_stages); BLOCK_K is unused on the small-d path.
 _CFG_DOT = _configs([
     (64, 64, 32, 4, 2), (64, 64, 32, 4, 3), (128, 64, 32, 8, 3), (128, 64, 32, 4, 3), (64, 128, 32, 4, 3),
@@ -766,7 +768,8 @@ _PRECISIONS = ("ieee", "tf32x3")
 
 def _precision(precision) -> str:
     """tl.dot input precision of the large-d path: ``precision`` if given, else the environment variable
-    ``SROT_TRITON_DOT_PRECISION``, else "ieee". "ieee": fp32 FMA; "tf32x3": each fp32 operand split into a
+    ``SROT_TRITON_DOT_PRECISION``, else "ieee" (checked at every launch, small-d ones included, so that a
+    wrong value shows at once). "ieee": fp32 FMA; "tf32x3": each fp32 operand split into a
     TF32 high part and a TF32 low part, three tensor-core products (hi.hi + hi.lo + lo.hi) with fp32
     accumulation, fp32-accurate (plain TF32 is never used)."""
     name = "precision"

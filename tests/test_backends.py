@@ -239,50 +239,71 @@ def test_cpu_backend_without_compiler_matches(monkeypatch):
 
 # ------------------------------------------------------------------------- KeOps CUDA crash guard
 def _keops_probe_env(monkeypatch, tmp_path, script):
+    """keops_ops with a fresh probe state, the cache in tmp_path, a fixed key and ``script`` as the probe."""
     from srot_fast.kernels import keops_ops
 
     monkeypatch.setenv("SROT_FAST_CACHE", str(tmp_path))
     monkeypatch.delenv("SROT_KEOPS_CUDA_PROBE", raising=False)
-    monkeypatch.setattr(keops_ops, "_cuda_checked", False)
-    monkeypatch.setattr(keops_ops, "_probe_key", lambda: "testkey")
+    monkeypatch.setattr(keops_ops, "_cuda_checked", set())
+    monkeypatch.setattr(keops_ops, "_cuda_failed", {})
+    monkeypatch.setattr(keops_ops, "_probe_key", lambda index: f"key{index}")
     monkeypatch.setattr(keops_ops, "_CUDA_PROBE", script)
     return keops_ops
 
 
+def _no_subprocess(*a, **k):
+    raise AssertionError("the probe ran again")
+
+
 def test_keops_cuda_probe_turns_a_crash_into_an_error(monkeypatch, tmp_path):
     """A KeOps CUDA compile that segfaults (pykeops 2.3 on CUDA 13) must not kill the caller: the child
-    process's crash becomes a RuntimeError naming it and the backends to use instead; nothing is cached."""
+    process's crash becomes a RuntimeError naming it and the backends to use instead; nothing is cached
+    on disk, and later calls raise the same error without probing again."""
+    mod = _keops_probe_env(monkeypatch, tmp_path, "import sys; assert sys.argv[1] == '1'; raise SystemExit(3)")
+    with pytest.raises(RuntimeError, match="cuda:1.*exit status 3"):
+        mod.check_cuda("cuda:1")  # the probe runs on the caller's device (argv[1])
     mod = _keops_probe_env(monkeypatch, tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
-    with pytest.raises(RuntimeError, match=r"segmentation fault.*backend='triton'"):
-        mod.check_cuda()
-    assert not (tmp_path / "keops_cuda_ok_testkey").exists()
-    mod = _keops_probe_env(monkeypatch, tmp_path, "raise SystemExit(3)")
-    with pytest.raises(RuntimeError, match="exit status 3"):
-        mod.check_cuda()
+    with pytest.raises(RuntimeError, match=r"cuda:0.*segmentation fault.*backend='triton'"):
+        mod.check_cuda("cuda:0")
+    assert not list(tmp_path.iterdir())
+    monkeypatch.setattr(mod.subprocess, "run", _no_subprocess)
+    with pytest.raises(RuntimeError, match="segmentation fault"):
+        mod.check_cuda("cuda:0")
+
+
+def test_keops_cuda_probe_timeout_is_an_error(monkeypatch, tmp_path):
+    mod = _keops_probe_env(monkeypatch, tmp_path, "import time; time.sleep(30)")
+    with pytest.raises(RuntimeError, match="no result within 1 s"):
+        mod.check_cuda("cuda:0", timeout=1)
 
 
 def test_keops_cuda_probe_success_is_remembered(monkeypatch, tmp_path):
-    mod = _keops_probe_env(monkeypatch, tmp_path, "pass")
-    mod.check_cuda()
-    assert (tmp_path / "keops_cuda_ok_testkey").exists()
-
-    def no_subprocess(*a, **k):
-        raise AssertionError("probe ran again")
-
-    monkeypatch.setattr(mod.subprocess, "run", no_subprocess)
-    mod.check_cuda()  # same process: remembered
-    monkeypatch.setattr(mod, "_cuda_checked", False)
-    mod.check_cuda()  # new process, same (pykeops, CUDA, GPU): the marker file
-    monkeypatch.setattr(mod, "_probe_key", lambda: "otherkey")
-    monkeypatch.setattr(mod, "_cuda_checked", False)
+    mod = _keops_probe_env(monkeypatch, tmp_path, "import sys; assert sys.argv[1] == '0'")
+    mod.check_cuda("cuda:0")
+    assert (tmp_path / "keops_cuda_ok_key0").exists()
+    monkeypatch.setattr(mod.subprocess, "run", _no_subprocess)
+    mod.check_cuda("cuda:0")  # same process: remembered
+    monkeypatch.setattr(mod, "_cuda_checked", set())
+    mod.check_cuda("cuda:0")  # new process, same (pykeops, CUDA, driver, GPU, nvrtc): the marker file
+    with pytest.raises(AssertionError, match="ran again"):
+        mod.check_cuda("cuda:1")  # another device (another key) is probed
     monkeypatch.setenv("SROT_KEOPS_CUDA_PROBE", "0")
-    mod.check_cuda()  # skipped on request
+    mod.check_cuda("cuda:1")  # skipped on request
+
+
+def test_keops_cuda_probe_survives_a_read_only_cache(monkeypatch, tmp_path):
+    ro = tmp_path / "ro"
+    ro.write_text("a file where the cache folder should be")  # mkdir fails
+    mod = _keops_probe_env(monkeypatch, tmp_path, "pass")
+    monkeypatch.setenv("SROT_FAST_CACHE", str(ro / "cache"))
+    mod.check_cuda("cuda:0")
+    assert 0 in mod._cuda_checked
 
 
 def test_keops_cpu_tensors_never_probe_cuda(monkeypatch):
     from srot_fast.kernels import keops_ops
 
-    def boom():
+    def boom(*a, **k):
         raise AssertionError("CUDA probe on CPU tensors")
 
     monkeypatch.setattr(keops_ops, "check_cuda", boom)

@@ -396,6 +396,48 @@ def test_triton_dot_path_never_asks_for_plain_tf32(monkeypatch):
         mod.softmin_fwd(x, y, h, 0.1, 2)
 
 
+class _LaunchRecorder:
+    """Stands in for a @triton.jit kernel: records each launch's PREC, then launches the real kernel."""
+
+    def __init__(self, kernel, name, seen):
+        self.kernel, self.name, self.seen = kernel, name, seen
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.seen.append((self.name, kw.get("PREC")))
+            return self.kernel[grid](*args, **kw)
+
+        return launch
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("precision,env,want", [("tf32x3", None, "tf32x3"), (None, "tf32x3", "tf32x3"),
+                                                ("ieee", "tf32x3", "ieee"), (None, None, "ieee")])
+def test_triton_launchers_pass_the_precision_to_every_dot_kernel(monkeypatch, precision, env, want):
+    """Every dot-path launch (softmin, one- and two-pass weighted mean, argmax, max cost) gets the asked
+    precision: ``precision=`` first, then SROT_TRITON_DOT_PRECISION, then "ieee". The interpreter ignores
+    the precision, so this is what the CPU can check; the GPU tests check the numbers."""
+    mod = _backend("triton")
+    seen = []
+    names = ("_softmin_fwd_kernel", "_weighted_mean_dot_kernel", "_weighted_sum_dot_kernel",
+             "_plan_argmax_fwd_kernel", "_max_sq_fwd_kernel")
+    for name in names:
+        monkeypatch.setattr(mod, name, _LaunchRecorder(getattr(mod, name), name, seen))
+    if env is None:
+        monkeypatch.delenv("SROT_TRITON_DOT_PRECISION", raising=False)
+    else:
+        monkeypatch.setenv("SROT_TRITON_DOT_PRECISION", env)
+    for d in (40, 129):  # one-pass (D <= 128) and two-pass weighted mean
+        x, y, h, scale = _problem(d, torch.float32, 2, n=20, m=17)
+        kw = dict(precision=precision)
+        mod.softmin_fwd(x, y, h, 0.1 * scale, 2, **kw)
+        mod.weighted_mean_fwd(x, y, h, 0.1 * scale, 1, "grad", **kw)
+        mod.plan_argmax_fwd(x, y, h, 0.1 * scale, 2, **kw)
+        mod.max_sq_fwd(x, y, **kw)
+    assert {name for name, _ in seen} == set(names)
+    assert all(prec == want for _, prec in seen), seen
+
+
 @pytest.mark.gpu
 @pytest.mark.triton
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (TF32 only exists there)")
