@@ -639,8 +639,8 @@ _CFG_DOT = _configs([
     (64, 64, 32, 4, 2), (64, 64, 32, 4, 3), (128, 64, 32, 8, 3), (128, 64, 32, 4, 3), (64, 128, 32, 4, 3),
     (64, 128, 32, 8, 3), (128, 128, 32, 8, 3), (128, 128, 32, 8, 2), (128, 64, 16, 8, 3), (64, 64, 16, 4, 3),
     (128, 32, 32, 4, 3), (64, 64, 64, 4, 3), (64, 128, 64, 4, 3), (128, 128, 64, 8, 3), (64, 128, 32, 4, 4),
-    # added after the 2026-11-26 06:21 H200 runs, not yet timed there: 8-warp tiles with 16-coordinate steps
-    # that compile for sm_90 without (or with 16 bytes of) register spills at D = 64 in both precisions
+    # added after the 2026-11-26 06:21 H200 runs, not yet timed there: 8-warp tiles with 16-coordinate steps,
+    # 0-16 B of register spill for sm_90 at D = 64 with "ieee" (benchmarks/results/*aot-sm90-quick*.json)
     (64, 128, 16, 8, 3), (128, 128, 16, 8, 3), (64, 256, 16, 8, 3),
 ])
 # small-d softmin: (BLOCK_N, BLOCK_M, TRANS, num_warps, num_stages)
