@@ -109,6 +109,20 @@ _DOT_MIN_D = 32  # D from which 'auto' forms distances with tl.dot (large-d path
 # l_ij = log2(e) * (h_j - C_ij / eps) and out_i = -eps ln(2) (max_j l_ij + log2 sum_j 2^(l_ij - max)).
 # D is a compile-time constant (one compiled kernel per D): the coordinate loop of the small-d path unrolls.
 @triton.jit
+def _coord_sq(xk_ptr, yk_ptr, xoff, rmask, yoff, cmask, TRANS: tl.constexpr):
+    """One coordinate's squared differences over a tile: (x_i - y_j)^2 with x_i at ``xk_ptr + xoff`` and
+    y_j at ``yk_ptr + yoff`` (pointer and offset: one of them per point, the other shared);
+    (BLOCK_N, BLOCK_M), or (BLOCK_M, BLOCK_N) if ``TRANS``."""
+    xk = tl.load(xk_ptr + xoff, mask=rmask, other=0.0)
+    yk = tl.load(yk_ptr + yoff, mask=cmask, other=0.0)
+    if TRANS:
+        diff = yk[:, None] - xk[None, :]
+    else:
+        diff = xk[:, None] - yk[None, :]
+    return diff * diff
+
+
+@triton.jit
 def _sq_dist_tile(
     x_ptr,  # (N, D) row points, row-major
     y_ptr,  # (M, D) column points, row-major
@@ -126,16 +140,10 @@ def _sq_dist_tile(
     sq = tl.zeros((BLOCK_N, BLOCK_M), dtype=x_ptr.dtype.element_ty)
     if D <= 16:
         for k in tl.static_range(D):
-            xk = tl.load(x_ptr + rows * stride_x + k, mask=rmask, other=0.0)
-            yk = tl.load(y_ptr + cols * stride_y + k, mask=cmask, other=0.0)
-            diff = xk[:, None] - yk[None, :]
-            sq += diff * diff
+            sq += _coord_sq(x_ptr + rows * stride_x, y_ptr + cols * stride_y, k, rmask, k, cmask, False)
     else:
         for k in range(0, D):
-            xk = tl.load(x_ptr + rows * stride_x + k, mask=rmask, other=0.0)
-            yk = tl.load(y_ptr + cols * stride_y + k, mask=cmask, other=0.0)
-            diff = xk[:, None] - yk[None, :]
-            sq += diff * diff
+            sq += _coord_sq(x_ptr + rows * stride_x, y_ptr + cols * stride_y, k, rmask, k, cmask, False)
     return sq
 
 
@@ -318,22 +326,10 @@ def _sq_dist_tile_soa(
         sq = tl.zeros((BLOCK_N, BLOCK_M), dtype=xt_ptr.dtype.element_ty)
     if D <= 16:
         for k in tl.static_range(D):
-            xk = tl.load(xt_ptr + k * N + rows, mask=rmask, other=0.0)
-            yk = tl.load(yt_ptr + k * M + cols, mask=cmask, other=0.0)
-            if TRANS:
-                diff = yk[:, None] - xk[None, :]
-            else:
-                diff = xk[:, None] - yk[None, :]
-            sq += diff * diff
+            sq += _coord_sq(xt_ptr + k * N, yt_ptr + k * M, rows, rmask, cols, cmask, TRANS)
     else:
         for k in range(0, D):
-            xk = tl.load(xt_ptr + k * N + rows, mask=rmask, other=0.0)
-            yk = tl.load(yt_ptr + k * M + cols, mask=cmask, other=0.0)
-            if TRANS:
-                diff = yk[:, None] - xk[None, :]
-            else:
-                diff = xk[:, None] - yk[None, :]
-            sq += diff * diff
+            sq += _coord_sq(xt_ptr + k * N, yt_ptr + k * M, rows, rmask, cols, cmask, TRANS)
     return sq
 
 
