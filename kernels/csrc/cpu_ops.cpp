@@ -1,16 +1,19 @@
-// Streaming CPU kernels for the SROT primitives (SPEC §4), loaded by kernels/cpu_ops.py via ctypes.
+// Streaming CPU kernels for the SROT primitives (docs/DESIGN.md, Kernel primitive), loaded by
+// kernels/cpu_ops.py via ctypes.
 //
-// Each thread owns a super-block of G * R rows and streams the columns in tiles of TJ; for each tile,
-// each group of R rows gets its squared distances in the exact difference form (register-blocked over
-// the R rows, SIMD over the tile), then one online log-sum-exp update (running max m, running sum s
+// A task is one super-block of G * R rows of one problem of the batch; OpenMP hands out the tasks of the
+// whole batch. A task streams the columns in tiles of TJ; for each tile, each group of R rows gets its
+// squared distances in the exact difference form (register-blocked over the R rows, SIMD over the tile),
+// then the primitive's update (for softmin: one online log-sum-exp step, running max m, running sum s
 // rescaled by exp(m_old - m_new)). The G groups reuse the y tile (TJ * d values) from L2 instead of
-// re-reading all of y per R rows (2-3x at d = 64 once y outgrows L2). Memory: O(G R (TJ + d)) per
-// thread, never N x M. Arguments of exp below -80 are flushed to 0 (exact
-// enough: e^-80 ~ 1.8e-35 relative to the row maximum) to stay out of the slow denormal path.
+// re-reading all of y per R rows (matters at large d once y outgrows L2). One driver (drive) runs this
+// loop for the four primitives, each a struct with begin / tile / end callbacks. Memory: O(G R (TJ + d))
+// per thread, never N x M. Arguments of exp below -80 are flushed to 0 (exact enough: e^-80 ~ 1.8e-35
+// relative to the row maximum) to stay out of the slow denormal path.
 //
-// Layout: x (n, d) row-major, yt (d, ld) = y transposed with ld = m rounded up to a multiple of W (zero
-// padding), h (m,); all contiguous.
-// Plain C ABI (no torch headers) so the build takes a second; OpenMP for the rows.
+// Layout of problem b: x + b * sx (n, d) row-major, yt + b * syt (d, ld) = y transposed with ld = m
+// rounded up to a multiple of W (zero padding), h + b * sh (m,).
+// Plain C ABI (no torch headers) so the build is quick.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -126,224 +129,282 @@ inline T logits_row(T* __restrict s, const T* __restrict h, int jn, int p, T inv
   return mx;
 }
 
-template <typename T> inline void load_rows(const T* x, int64_t n, int64_t d, int64_t i0, T* xb, int rows = R) {
+template <typename T> inline void load_rows(const T* x, int64_t n, int64_t d, int64_t i0, T* xb, int rows) {
   for (int r = 0; r < rows; ++r) {
     const int64_t i = std::min<int64_t>(i0 + r, n - 1);  // pad the last block with a copy of row n-1
     std::memcpy(xb + r * d, x + i * d, sizeof(T) * d);
   }
 }
 
-// number of R-row groups of the super-block starting at i0 that hold real rows
-inline int groups_in(int64_t n, int64_t i0) { return (int)std::min<int64_t>(G, (n - i0 + R - 1) / R); }
+// A batch of problems: problem b has x + b * sx (n, d), yt + b * syt (d, ld), h + b * sh (m,).
+template <typename T> struct Batch {
+  const T* x;
+  const T* yt;
+  const T* h;  // nullptr for max_sq
+  int64_t nbatch, n, m, d, sx, syt, sh;
+};
 
-template <typename T>
-void softmin_impl(const T* x, const T* yt, const T* h, int64_t n, int64_t m, int64_t d, int p, double eps,
-                  T* out, int nthreads) {
-  const int64_t nb = (n + RB - 1) / RB;
-  const int64_t ld = (m + W - 1) / W * W;  // row stride of yt
-  const T inv_eps = T(1.0 / eps);
+// The loop shared by the four primitives. A task is (problem b, super-block of Prim::kGroups * R rows
+// starting at i0); OpenMP hands out tasks dynamically, Prim::kChunk at a time. For each column tile of
+// the task, every group of R rows gets its squared distances s (R x jn) from sq_dist_tile and hands them
+// to prim.tile; prim.begin / prim.end open and close a task, prim.merge runs once per thread at the end.
+// Prim is copied per thread (its members are the per-thread state).
+template <typename T, typename Prim> void drive(const Batch<T>& bt, const Prim& proto, int nthreads) {
+  constexpr int rb = Prim::kGroups * R;
+  const int64_t nblocks = (bt.n + rb - 1) / rb;
+  const int64_t ntasks = bt.nbatch * nblocks;
+  const int64_t ld = (bt.m + W - 1) / W * W;  // row stride of yt
+  const int64_t d = bt.d;
+  if (ntasks == 0) return;
 #pragma omp parallel num_threads(nthreads)
   {
-    std::vector<T> xb(RB * d);
+    Prim prim(proto);
+    prim.setup(d);
+    std::vector<T> xb(rb * d);
     alignas(64) T s[R][TJ];
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t b = 0; b < nb; ++b) {
-      const int64_t i0 = b * RB;
-      const int ng = groups_in(n, i0);
-      load_rows(x, n, d, i0, xb.data(), ng * R);
-      double mrow[RB], srow[RB];
-      for (int r = 0; r < RB; ++r) {
-        mrow[r] = -std::numeric_limits<double>::infinity();
-        srow[r] = 0.0;
-      }
-      for (int64_t j0 = 0; j0 < m; j0 += TJ) {
-        const int jn = (int)std::min<int64_t>(TJ, m - j0);
+#pragma omp for schedule(dynamic, Prim::kChunk)
+    for (int64_t t = 0; t < ntasks; ++t) {
+      const int64_t b = t / nblocks;
+      const int64_t i0 = (t - b * nblocks) * rb;
+      const T* yt = bt.yt + b * bt.syt;
+      const T* h = bt.h ? bt.h + b * bt.sh : nullptr;
+      const int ng = (int)std::min<int64_t>(Prim::kGroups, (bt.n - i0 + R - 1) / R);  // groups with real rows
+      load_rows(bt.x + b * bt.sx, bt.n, d, i0, xb.data(), ng * R);
+      prim.begin();
+      for (int64_t j0 = 0; j0 < bt.m; j0 += TJ) {
+        const int jn = (int)std::min<int64_t>(TJ, bt.m - j0);
         for (int gi = 0; gi < ng; ++gi) {
-          sq_dist_tile<T>(xb.data() + gi * R * d, yt, ld, d, j0, jn, s);
-          for (int r = 0; r < R; ++r) {
-            const int rr = gi * R + r;
-            const T bm = logits_row<T>(s[r], h + j0, jn, p, inv_eps);
-            if (!(bm > -std::numeric_limits<T>::infinity())) continue;  // tile fully masked (or NaN)
-            const T mnew = std::max<T>((T)mrow[rr], bm);
-            T acc = T(0);
+          const T* xg = xb.data() + gi * R * d;
+          sq_dist_tile<T>(xg, yt, ld, d, j0, jn, s);
+          prim.tile(gi * R, s, xg, yt + j0, ld, d, h ? h + j0 : nullptr, j0, jn);
+        }
+      }
+      prim.end(b, i0, (int)std::min<int64_t>(rb, bt.n - i0));
+    }
+    prim.merge();
+  }
+}
+
+// Online log-sum-exp state of the rows of one task: running max m and sum s rescaled by exp(m_old - m_new).
+template <typename T> struct LseRows {
+  int p;
+  T inv_eps;
+  double mrow[G * R], srow[G * R];
+  void reset() {
+    for (int r = 0; r < G * R; ++r) {
+      mrow[r] = -std::numeric_limits<double>::infinity();
+      srow[r] = 0.0;
+    }
+  }
+};
+
+// out_i = -eps * LSE_j (h_j - C_ij / eps), +inf for a row whose h is all -inf.
+template <typename T> struct Softmin : LseRows<T> {
+  static constexpr int kGroups = G, kChunk = 1;
+  double eps;
+  T* out;
+  int64_t sout;
+  void setup(int64_t) {}
+  void begin() { this->reset(); }
+  void tile(int r0, T (*__restrict s)[TJ], const T*, const T*, int64_t, int64_t, const T* __restrict h, int64_t,
+            int jn) {
+    for (int r = 0; r < R; ++r) {
+      const int rr = r0 + r;
+      const T bm = logits_row<T>(s[r], h, jn, this->p, this->inv_eps);
+      if (!(bm > -std::numeric_limits<T>::infinity())) continue;  // tile fully masked (or NaN)
+      const T mnew = std::max<T>((T)this->mrow[rr], bm);
+      T acc = T(0);
 #pragma omp simd reduction(+ : acc)
-            for (int j = 0; j < jn; ++j) acc += exp_neg(s[r][j] - mnew);
-            srow[rr] = srow[rr] * std::exp(mrow[rr] - (double)mnew) + (double)acc;
-            mrow[rr] = mnew;
-          }
-        }
-      }
-      for (int r = 0; r < RB && i0 + r < n; ++r) {
-        out[i0 + r] = srow[r] > 0.0 ? (T)(-eps * (mrow[r] + std::log(srow[r])))
-                                    : std::numeric_limits<T>::infinity();
-      }
+      for (int j = 0; j < jn; ++j) acc += exp_neg(s[r][j] - mnew);
+      this->srow[rr] = this->srow[rr] * std::exp(this->mrow[rr] - (double)mnew) + (double)acc;
+      this->mrow[rr] = mnew;
     }
   }
-}
+  void end(int64_t b, int64_t i0, int rows) {
+    T* o = out + b * sout + i0;
+    for (int r = 0; r < rows; ++r)
+      o[r] = this->srow[r] > 0.0 ? (T)(-eps * (this->mrow[r] + std::log(this->srow[r])))
+                                 : std::numeric_limits<T>::infinity();
+  }
+  void merge() {}
+};
 
-// phi = 0: out_i = sum_j w_ij y_j ; phi = 1: out_i = sum_j w_ij (x_i - y_j) / |x_i - y_j| (0 if equal).
-template <typename T>
-void wmean_impl(const T* x, const T* yt, const T* h, int64_t n, int64_t m, int64_t d, int p, double eps,
-                int phi, T* out, int nthreads) {
-  const int64_t nb = (n + RB - 1) / RB;
-  const int64_t ld = (m + W - 1) / W * W;  // row stride of yt
-  const T inv_eps = T(1.0 / eps);
-#pragma omp parallel num_threads(nthreads)
-  {
-    std::vector<T> xb(RB * d);
-    std::vector<double> acc(RB * d);
-    alignas(64) T s[R][TJ];
-    alignas(64) T invr[TJ];
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t b = 0; b < nb; ++b) {
-      const int64_t i0 = b * RB;
-      const int ng = groups_in(n, i0);
-      load_rows(x, n, d, i0, xb.data(), ng * R);
-      std::fill(acc.begin(), acc.end(), 0.0);
-      double mrow[RB], srow[RB];
-      for (int r = 0; r < RB; ++r) {
-        mrow[r] = -std::numeric_limits<double>::infinity();
-        srow[r] = 0.0;
-      }
-      for (int64_t j0 = 0; j0 < m; j0 += TJ) {
-        const int jn = (int)std::min<int64_t>(TJ, m - j0);
-        for (int gi = 0; gi < ng; ++gi) {
-          sq_dist_tile<T>(xb.data() + gi * R * d, yt, ld, d, j0, jn, s);
-          for (int r = 0; r < R; ++r) {
-            const int rr = gi * R + r;
-            T* sr = s[r];
-            if (phi == 1) {
+// phi = 0: out_i = sum_j w_ij y_j ; phi = 1: out_i = sum_j w_ij (x_i - y_j) / |x_i - y_j| (0 if equal),
+// w_ij = softmax_j (h_j - C_ij / eps); NaN for a row whose h is all -inf.
+template <typename T> struct WMean : LseRows<T> {
+  static constexpr int kGroups = G, kChunk = 1;
+  int phi;
+  T* out;
+  int64_t sout, d = 0;
+  std::vector<double> acc;  // (G R, d) running weighted sums
+  alignas(64) T invr[TJ];
+  void setup(int64_t dd) {
+    d = dd;
+    acc.assign(G * R * d, 0.0);
+  }
+  void begin() {
+    this->reset();
+    std::fill(acc.begin(), acc.end(), 0.0);
+  }
+  void tile(int r0, T (*__restrict s)[TJ], const T* __restrict xg, const T* __restrict ytj, int64_t ld, int64_t,
+            const T* __restrict h, int64_t, int jn) {
+    for (int r = 0; r < R; ++r) {
+      const int rr = r0 + r;
+      T* sr = s[r];
+      if (phi == 1) {
 #pragma omp simd
-              for (int j = 0; j < jn; ++j) invr[j] = sr[j] > T(0) ? T(1) / std::sqrt(sr[j]) : T(0);
-            }
-            const T bm = logits_row<T>(sr, h + j0, jn, p, inv_eps);
-            if (!(bm > -std::numeric_limits<T>::infinity())) continue;
-            const T mnew = std::max<T>((T)mrow[rr], bm);
-            T tot = T(0);
+        for (int j = 0; j < jn; ++j) invr[j] = sr[j] > T(0) ? T(1) / std::sqrt(sr[j]) : T(0);
+      }
+      const T bm = logits_row<T>(sr, h, jn, this->p, this->inv_eps);
+      if (!(bm > -std::numeric_limits<T>::infinity())) continue;
+      const T mnew = std::max<T>((T)this->mrow[rr], bm);
+      T tot = T(0);
 #pragma omp simd reduction(+ : tot)
-            for (int j = 0; j < jn; ++j) {
-              sr[j] = exp_neg(sr[j] - mnew);  // weights
-              tot += sr[j];
-            }
-            const double alpha = std::exp(mrow[rr] - (double)mnew);
-            srow[rr] = srow[rr] * alpha + (double)tot;
-            mrow[rr] = mnew;
-            double* ar = acc.data() + rr * d;
-            const T* xr = xb.data() + rr * d;
-            if (phi == 1) {
+      for (int j = 0; j < jn; ++j) {
+        sr[j] = exp_neg(sr[j] - mnew);  // weights
+        tot += sr[j];
+      }
+      const double alpha = std::exp(this->mrow[rr] - (double)mnew);
+      this->srow[rr] = this->srow[rr] * alpha + (double)tot;
+      this->mrow[rr] = mnew;
+      double* ar = acc.data() + rr * d;
+      const T* xr = xg + r * d;
+      if (phi == 1) {
 #pragma omp simd
-              for (int j = 0; j < jn; ++j) sr[j] *= invr[j];
-            }
-            for (int64_t k = 0; k < d; ++k) {
-              const T* yk = yt + k * ld + j0;
-              T t = T(0);
-              if (phi == 0) {
-#pragma omp simd reduction(+ : t)
-                for (int j = 0; j < jn; ++j) t += sr[j] * yk[j];
-              } else {
-                const T xv = xr[k];
-#pragma omp simd reduction(+ : t)
-                for (int j = 0; j < jn; ++j) t += sr[j] * (xv - yk[j]);
-              }
-              ar[k] = ar[k] * alpha + (double)t;
-            }
-          }
-        }
+        for (int j = 0; j < jn; ++j) sr[j] *= invr[j];
       }
-      for (int r = 0; r < RB && i0 + r < n; ++r) {
-        const double inv = 1.0 / srow[r];  // inf -> NaN output for a fully masked row, as the reference
-        for (int64_t k = 0; k < d; ++k) out[(i0 + r) * d + k] = (T)(acc[r * d + k] * inv);
+      for (int64_t k = 0; k < d; ++k) {
+        const T* yk = ytj + k * ld;
+        T t = T(0);
+        if (phi == 0) {
+#pragma omp simd reduction(+ : t)
+          for (int j = 0; j < jn; ++j) t += sr[j] * yk[j];
+        } else {
+          const T xv = xr[k];
+#pragma omp simd reduction(+ : t)
+          for (int j = 0; j < jn; ++j) t += sr[j] * (xv - yk[j]);
+        }
+        ar[k] = ar[k] * alpha + (double)t;
       }
     }
   }
-}
-
-template <typename T>
-void argmax_impl(const T* x, const T* yt, const T* h, int64_t n, int64_t m, int64_t d, int p, double eps,
-                 int64_t* out, int nthreads) {
-  const int64_t nb = (n + R - 1) / R;
-  const int64_t ld = (m + W - 1) / W * W;  // row stride of yt
-  const T inv_eps = T(1.0 / eps);
-#pragma omp parallel num_threads(nthreads)
-  {
-    std::vector<T> xb(R * d);
-    alignas(64) T s[R][TJ];
-#pragma omp for schedule(dynamic, 4)
-    for (int64_t b = 0; b < nb; ++b) {
-      const int64_t i0 = b * R;
-      load_rows(x, n, d, i0, xb.data());
-      T best[R];
-      int64_t arg[R];
-      for (int r = 0; r < R; ++r) {
-        best[r] = -std::numeric_limits<T>::infinity();
-        arg[r] = 0;
-      }
-      for (int64_t j0 = 0; j0 < m; j0 += TJ) {
-        const int jn = (int)std::min<int64_t>(TJ, m - j0);
-        sq_dist_tile<T>(xb.data(), yt, ld, d, j0, jn, s);
-        for (int r = 0; r < R; ++r) {
-          const T bm = logits_row<T>(s[r], h + j0, jn, p, inv_eps);
-          if (bm > best[r]) {  // strict: the first maximal index wins, as torch.argmax
-            int j = 0;
-            while (s[r][j] != bm) ++j;
-            best[r] = bm;
-            arg[r] = j0 + j;
-          }
-        }
-      }
-      for (int r = 0; r < R && i0 + r < n; ++r) out[i0 + r] = arg[r];
+  void end(int64_t b, int64_t i0, int rows) {
+    T* o = out + b * sout + i0 * d;
+    for (int r = 0; r < rows; ++r) {
+      const double inv = 1.0 / this->srow[r];  // inf -> NaN output for a fully masked row, as the reference
+      for (int64_t k = 0; k < d; ++k) o[r * d + k] = (T)(acc[r * d + k] * inv);
     }
   }
-}
+  void merge() {}
+};
 
-template <typename T>
-double max_sq_impl(const T* x, const T* yt, int64_t n, int64_t m, int64_t d, int nthreads) {
-  const int64_t nb = (n + R - 1) / R;
-  const int64_t ld = (m + W - 1) / W * W;  // row stride of yt
-  double result = 0.0;
-#pragma omp parallel num_threads(nthreads) reduction(max : result)
-  {
-    std::vector<T> xb(R * d);
-    alignas(64) T s[R][TJ];
-#pragma omp for schedule(dynamic, 4)
-    for (int64_t b = 0; b < nb; ++b) {
-      load_rows(x, n, d, b * R, xb.data());
-      for (int64_t j0 = 0; j0 < m; j0 += TJ) {
-        const int jn = (int)std::min<int64_t>(TJ, m - j0);
-        sq_dist_tile<T>(xb.data(), yt, ld, d, j0, jn, s);
-        for (int r = 0; r < R; ++r) {
-          T mx = T(0);
+// out_i = argmax_j (h_j - C_ij / eps), the first maximal index (as torch.argmax); 0 if h is all -inf.
+template <typename T> struct Argmax {
+  static constexpr int kGroups = 1, kChunk = 4;
+  int p;
+  T inv_eps;
+  int64_t* out;
+  int64_t sout;
+  T best[R];
+  int64_t arg[R];
+  void setup(int64_t) {}
+  void begin() {
+    for (int r = 0; r < R; ++r) {
+      best[r] = -std::numeric_limits<T>::infinity();
+      arg[r] = 0;
+    }
+  }
+  void tile(int, T (*__restrict s)[TJ], const T*, const T*, int64_t, int64_t, const T* __restrict h, int64_t j0,
+            int jn) {
+    for (int r = 0; r < R; ++r) {
+      const T bm = logits_row<T>(s[r], h, jn, p, inv_eps);
+      if (bm > best[r]) {  // strict: the first maximal index wins
+        int j = 0;
+        while (s[r][j] != bm) ++j;
+        best[r] = bm;
+        arg[r] = j0 + j;
+      }
+    }
+  }
+  void end(int64_t b, int64_t i0, int rows) {
+    for (int r = 0; r < rows; ++r) out[b * sout + i0 + r] = arg[r];
+  }
+  void merge() {}
+};
+
+// out[b] = max_ij |x_i - y_j|^2 of problem b (out zeroed by the caller); per-thread maxima merged at the end.
+template <typename T> struct MaxSq {
+  static constexpr int kGroups = 1, kChunk = 4;
+  double* out;
+  int64_t nbatch;
+  std::vector<double> local;
+  double cur = 0.0;
+  void setup(int64_t) { local.assign(nbatch, 0.0); }
+  void begin() { cur = 0.0; }
+  void tile(int, T (*__restrict s)[TJ], const T*, const T*, int64_t, int64_t, const T*, int64_t, int jn) {
+    for (int r = 0; r < R; ++r) {
+      T mx = T(0);
 #pragma omp simd reduction(max : mx)
-          for (int j = 0; j < jn; ++j) mx = std::max(mx, s[r][j]);
-          result = std::max(result, (double)mx);
-        }
-      }
+      for (int j = 0; j < jn; ++j) mx = std::max(mx, s[r][j]);
+      cur = std::max(cur, (double)mx);
     }
   }
-  return result;
-}
+  void end(int64_t b, int64_t, int) { local[b] = std::max(local[b], cur); }
+  void merge() {
+#pragma omp critical(srot_max_sq)
+    for (int64_t b = 0; b < nbatch; ++b) out[b] = std::max(out[b], local[b]);
+  }
+};
 
 }  // namespace
 
 extern "C" {
 
-int srot_abi_version() { return 1; }
+// Version of the entry points below; the loader refuses a library whose version differs from its own.
+int srot_abi_version() { return 2; }
 
+// Every entry point takes a batch of nbatch problems of the same sizes (n, m, d): problem b reads
+// x + b * sx (n, d) row-major, yt + b * syt (d, ld) = y transposed with ld = m rounded up to a multiple of
+// W (zero padding), h + b * sh (m,), and writes out + b * sout. Strides are in elements.
 #define SROT_DEFINE(T, SUF)                                                                                 \
-  void srot_softmin_##SUF(const T* x, const T* yt, const T* h, int64_t n, int64_t m, int64_t d, int p,    \
-                          double eps, T* out, int nthreads) {                                              \
-    softmin_impl<T>(x, yt, h, n, m, d, p, eps, out, nthreads);                                             \
+  void srot_softmin_##SUF(const T* x, const T* yt, const T* h, int64_t nbatch, int64_t n, int64_t m,       \
+                          int64_t d, int64_t sx, int64_t syt, int64_t sh, int p, double eps, T* out,       \
+                          int64_t sout, int nthreads) {                                                    \
+    Softmin<T> prim;                                                                                       \
+    prim.p = p;                                                                                            \
+    prim.inv_eps = T(1.0 / eps);                                                                           \
+    prim.eps = eps;                                                                                        \
+    prim.out = out;                                                                                        \
+    prim.sout = sout;                                                                                      \
+    drive<T>(Batch<T>{x, yt, h, nbatch, n, m, d, sx, syt, sh}, prim, nthreads);                           \
   }                                                                                                        \
-  void srot_wmean_##SUF(const T* x, const T* yt, const T* h, int64_t n, int64_t m, int64_t d, int p,      \
-                        double eps, int phi, T* out, int nthreads) {                                       \
-    wmean_impl<T>(x, yt, h, n, m, d, p, eps, phi, out, nthreads);                                          \
+  void srot_wmean_##SUF(const T* x, const T* yt, const T* h, int64_t nbatch, int64_t n, int64_t m,         \
+                        int64_t d, int64_t sx, int64_t syt, int64_t sh, int p, double eps, int phi, T* out, \
+                        int64_t sout, int nthreads) {                                                      \
+    WMean<T> prim;                                                                                         \
+    prim.p = p;                                                                                            \
+    prim.inv_eps = T(1.0 / eps);                                                                           \
+    prim.phi = phi;                                                                                        \
+    prim.out = out;                                                                                        \
+    prim.sout = sout;                                                                                      \
+    drive<T>(Batch<T>{x, yt, h, nbatch, n, m, d, sx, syt, sh}, prim, nthreads);                           \
   }                                                                                                        \
-  void srot_argmax_##SUF(const T* x, const T* yt, const T* h, int64_t n, int64_t m, int64_t d, int p,     \
-                         double eps, int64_t* out, int nthreads) {                                         \
-    argmax_impl<T>(x, yt, h, n, m, d, p, eps, out, nthreads);                                              \
+  void srot_argmax_##SUF(const T* x, const T* yt, const T* h, int64_t nbatch, int64_t n, int64_t m,        \
+                         int64_t d, int64_t sx, int64_t syt, int64_t sh, int p, double eps, int64_t* out,  \
+                         int64_t sout, int nthreads) {                                                     \
+    Argmax<T> prim;                                                                                        \
+    prim.p = p;                                                                                            \
+    prim.inv_eps = T(1.0 / eps);                                                                           \
+    prim.out = out;                                                                                        \
+    prim.sout = sout;                                                                                      \
+    drive<T>(Batch<T>{x, yt, h, nbatch, n, m, d, sx, syt, sh}, prim, nthreads);                           \
   }                                                                                                        \
-  double srot_max_sq_##SUF(const T* x, const T* yt, int64_t n, int64_t m, int64_t d, int nthreads) {      \
-    return max_sq_impl<T>(x, yt, n, m, d, nthreads);                                                       \
+  void srot_max_sq_##SUF(const T* x, const T* yt, int64_t nbatch, int64_t n, int64_t m, int64_t d,         \
+                         int64_t sx, int64_t syt, double* out, int nthreads) {                             \
+    MaxSq<T> prim;                                                                                         \
+    prim.out = out;                                                                                        \
+    prim.nbatch = nbatch;                                                                                  \
+    drive<T>(Batch<T>{x, yt, nullptr, nbatch, n, m, d, sx, syt, 0}, prim, nthreads);                      \
   }
 
 SROT_DEFINE(float, f32)
