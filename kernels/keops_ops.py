@@ -1,5 +1,5 @@
-r"""KeOps backend of the kernel primitives (SPEC §4): pykeops ``LazyTensor`` reductions, O((N + M) * D)
-memory on CPU and GPU.
+r"""KeOps backend of the kernel primitives (docs/DESIGN.md, "Kernel primitive"): pykeops ``LazyTensor``
+reductions, O((N + M) * D) memory on CPU and GPU.
 
 Same functions and signatures as :mod:`srot_fast.kernels.tensorized`:
 
@@ -8,20 +8,18 @@ Same functions and signatures as :mod:`srot_fast.kernels.tensorized`:
 - ``plan_argmax(x, y, h, eps, p)``         -> (N,)    int64, argmax_j (h_j - C_ij / eps)
 - ``max_cost(x, y, p)``                    -> ()      max_ij C(x_i, y_j)
 
-with C = |x - y| (p = 1) or |x - y|^2 / 2 (p = 2).
+with C = |x - y| (p = 1) or |x - y|^2 / 2 (p = 2). Batches: x (B, N, D), y (B, M, D), h (B, M) with one
+``eps`` give (B, N), (B, N, D), (B, N), (B,) by one reduction with a KeOps batch dimension (x_i
+(B, N, 1, D), y_j (B, 1, M, D), h_j (B, 1, M, 1)); B = 0 returns empty outputs without calling KeOps.
+float32 and float64 are computed as given; float16 / bfloat16 inputs are computed in float32 and the
+results returned in float32.
 
-To keep the number of compiled formulas small (each is a ~5 s build on CPU, cached by KeOps in
-``~/.cache/keops*``), ``eps`` and ``p`` are runtime parameters, not constants of the formula: the cost
-is written C = c1 * sqrt(S) + c2 * S with S = |x - y|^2 and (c1, c2) = (1, 0) for p = 1, (0, 1/2) for
+To keep the number of compiled formulas small (each is a build of several seconds on CPU, cached by
+KeOps in ``~/.cache/keops*``), ``eps`` and ``p`` are runtime parameters, not constants of the formula: the
+cost is written C = c1 * sqrt(S) + c2 * S with S = |x - y|^2 and (c1, c2) = (1, 0) for p = 1, (0, 1/2) for
 p = 2, and the two ``phi`` of :func:`weighted_mean` share one formula the same way. There is one formula
-per primitive, per dtype and per D. pykeops is imported inside the functions only, so importing this
-module is cheap and works without pykeops.
-
-Tested (tests/test_kernels.py) against the torch reference with pykeops 2.3 on CPU only (no GPU here),
-37 x 53 points with coincident pairs and ``-inf`` columns, p in {1, 2}: softmin at (D, dtype) in
-{(1, f64), (3, f64), (2, f32), (64, f32)} plus tiny / huge eps and log-weights shifted by up to 1e6;
-weighted_mean (both phi), plan_argmax and max_cost at D = 3, float64 only (a small set of formulas
-keeps the cold-cache test time down).
+per primitive, dtype, D and batched / unbatched call. pykeops is imported inside the functions only, so
+importing this module is cheap and works without pykeops.
 
 Caution:
     - ``-inf`` entries of ``h`` are replaced by a huge finite negative number (KeOps's streaming
@@ -31,10 +29,10 @@ Caution:
     - The p = 1 direction uses KeOps's ``Rsqrt``, which is 0 at 0, so it is 0 at coincident points.
     - float32 argmax indices are returned by KeOps as floats: exact for M < 2**24.
     - CUDA: before the first CUDA reduction of a process, one tiny CUDA formula is compiled and run in a
-      child process (:func:`check_cuda`), because pykeops 2.3 died with a segmentation fault at its first
-      CUDA formula on an H200 image with CUDA 13 (benchmarks/README.md "GPU"), killing the caller. A crash
-      there becomes a ``RuntimeError`` here (raised again on later calls); success is remembered per
-      (pykeops, CUDA, driver, GPU, nvrtc) in the cache folder. ``SROT_KEOPS_CUDA_PROBE=0`` skips the probe.
+      child process (:func:`check_cuda`), because pykeops 2.3 has died with a segmentation fault at its
+      first CUDA formula on a CUDA 13 image, killing the caller. A crash there becomes a ``RuntimeError``
+      here (raised again on later calls); success is remembered per (pykeops, CUDA, driver, GPU, nvrtc) in
+      the cache folder. ``SROT_KEOPS_CUDA_PROBE=0`` skips the probe.
 """
 
 from __future__ import annotations
@@ -46,7 +44,8 @@ import sys
 
 import torch
 
-from ._common import cache_dir, check_operands
+from . import check_batch
+from ._common import cache_dir
 
 __all__ = ["available", "check_cuda", "softmin", "weighted_mean", "plan_argmax", "max_cost"]
 
@@ -144,9 +143,19 @@ def check_cuda(device=None, timeout: float = 900.0) -> None:
 
 
 def _check(x, y, h=None, p=1):
-    check_operands(x, y, h, p)
+    """Argument checks; returns whether the operands are batched (see check_batch)."""
+    batched = check_batch(x, y, h, p)
     if x.is_cuda:
         check_cuda(x.device)
+    return batched
+
+
+_LOW = (torch.float16, torch.bfloat16)  # computed in float32
+
+
+def _upcast(*ts):
+    """float16 / bfloat16 tensors -> float32 (None and other dtypes unchanged)."""
+    return tuple(t.float() if t is not None and t.dtype in _LOW else t for t in ts)
 
 
 def _params(x, *values):
@@ -161,66 +170,84 @@ def _finite_h(h):
 
 
 def _vars(x, y, h, eps, p):
-    """Lazy (S, C, logits) for the (N, M) problem; S = |x - y|^2."""
+    """Lazy (x_i, y_j, S, logits) of the (N, M) problem, or of the (B, N, M) problems with one KeOps batch
+    dimension (x_i (B, N, 1, D), y_j (B, 1, M, D), h_j (B, 1, M, 1)); S = |x - y|^2."""
     LazyTensor = _lazy()
-    x_i = LazyTensor(x.contiguous()[:, None, :])
-    y_j = LazyTensor(y.contiguous()[None, :, :])
+    x_i = LazyTensor(x.contiguous()[..., :, None, :])
+    y_j = LazyTensor(y.contiguous()[..., None, :, :])
     s_ij = ((x_i - y_j) ** 2).sum(-1)
     if h is None:
         return x_i, y_j, s_ij, None
     c1, c2 = (1.0, 0.0) if p == 1 else (0.0, 0.5)
-    prm = LazyTensor(_params(x, c1, c2, 1.0 / eps))  # (3,) runtime parameters
-    h_j = LazyTensor(_finite_h(h).contiguous()[None, :, None])
+    prm = LazyTensor(_params(x, c1, c2, 1.0 / eps))  # (3,) runtime parameters, shared by the batch
+    h_j = LazyTensor(_finite_h(h).contiguous()[..., None, :, None])
     c_ij = prm[0] * s_ij.sqrt() + prm[1] * s_ij
     return x_i, y_j, s_ij, h_j - c_ij * prm[2]
 
 
+def _prepare(x, y, h, p):
+    """Checked, upcast (float16 / bfloat16 -> float32) operands, the KeOps reduction axis over the columns
+    (1, or 2 with a batch dimension) and whether the batch is empty (B = 0: no KeOps call)."""
+    x, y, h = _upcast(x, y, h)
+    batched = _check(x, y, h, p)
+    return x, y, h, 1 + batched, batched and x.shape[0] == 0
+
+
 def softmin(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int) -> torch.Tensor:
-    r"""(N,) soft-min ``out_i = -eps * log sum_j exp(h_j - C(x_i, y_j) / eps)``; ``+inf`` if all ``h = -inf``.
+    r"""(N,) or (B, N) soft-min ``out_i = -eps * log sum_j exp(h_j - C(x_i, y_j) / eps)``; ``+inf`` if all
+    ``h = -inf``.
 
     Example:
         >>> x, y, h = torch.randn(1000, 2), torch.randn(800, 2), torch.zeros(800)
         >>> softmin(x, y, h, 0.01, 2).shape  # doctest: +SKIP
         torch.Size([1000])
     """
-    _check(x, y, h, p)
+    x, y, h, axis, empty = _prepare(x, y, h, p)
+    if empty:
+        return x.new_empty(x.shape[:-1])
     _, _, _, logits = _vars(x, y, h, eps, p)
-    out = -eps * logits.logsumexp(dim=1).view(-1)
-    return torch.where(torch.isneginf(h).all(), torch.full_like(out, float("inf")), out)
+    out = -eps * logits.logsumexp(dim=axis)[..., 0]
+    return torch.where(torch.isneginf(h).all(-1, keepdim=True), torch.full_like(out, float("inf")), out)
 
 
 def weighted_mean(
     x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int, phi: str = "y"
 ) -> torch.Tensor:
-    r"""(N, D) mean of phi(x_i, y_j) under w_ij = softmax_j(h_j - C_ij / eps).
+    r"""(N, D) or (B, N, D) mean of phi(x_i, y_j) under w_ij = softmax_j(h_j - C_ij / eps).
 
     ``phi="y"``: y_j. ``phi="grad"``: (x_i - y_j) / |x_i - y_j| for p = 1 (0 where x_i = y_j),
     x_i - y_j for p = 2 (computed as x_i - mean of y_j).
     """
-    _check(x, y, h, p)
+    x, y, h, axis, empty = _prepare(x, y, h, p)
     if phi not in ("y", "grad"):
         raise ValueError(f"phi must be 'y' or 'grad', got {phi!r}")
+    if empty:
+        return x.new_empty(x.shape)
     LazyTensor = _lazy()
     x_i, y_j, s_ij, logits = _vars(x, y, h, eps, p)
     unit = phi == "grad" and p == 1
     sel = LazyTensor(_params(x, 0.0 if unit else 1.0, 1.0 if unit else 0.0))  # one formula for both phi
     v_ij = sel[0] * y_j + sel[1] * ((x_i - y_j) * s_ij.rsqrt())  # KeOps: rsqrt(0) = 0
-    out = logits.sumsoftmaxweight(v_ij, dim=1)
+    out = logits.sumsoftmaxweight(v_ij, dim=axis)
     if phi == "grad" and p == 2:
         out = x - out
     return out
 
 
 def plan_argmax(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int) -> torch.Tensor:
-    """(N,) int64 index of the largest plan entry per row, argmax_j (h_j - C_ij / eps)."""
-    _check(x, y, h, p)
+    """(N,) or (B, N) int64 index of the largest plan entry per row, argmax_j (h_j - C_ij / eps)."""
+    x, y, h, axis, empty = _prepare(x, y, h, p)
+    if empty:
+        return torch.empty(x.shape[:-1], dtype=torch.int64, device=x.device)
     _, _, _, logits = _vars(x, y, h, eps, p)
-    return logits.argmax(dim=1).view(-1).long()
+    return logits.argmax(dim=axis)[..., 0].long()
 
 
 def max_cost(x: torch.Tensor, y: torch.Tensor, p: int) -> torch.Tensor:
-    """() largest ground cost max_ij C(x_i, y_j) (0-dim tensor of x's dtype)."""
-    _check(x, y, None, p)
+    """() largest ground cost max_ij C(x_i, y_j) (0-dim tensor of x's dtype), or (B,) one per problem."""
+    x, y, _, axis, empty = _prepare(x, y, None, p)
+    if empty:
+        return x.new_empty(0)
     _, _, s_ij, _ = _vars(x, y, None, 1.0, p)
-    s = s_ij.max(dim=1).max()
+    s = s_ij.max(dim=axis)[..., 0].amax(dim=-1)
     return s.clamp_min(0).sqrt() if p == 1 else s / 2

@@ -1,10 +1,10 @@
-"""Online backends of the kernel primitives (SPEC §4) against the torch reference ``kernels.tensorized``.
+"""Online backends of the kernel primitives against the torch reference ``kernels.tensorized``.
 
 Backends: ``cpu`` (compiled C++ kernel of ``kernels.cpu_ops``), ``cpu_torch`` (its blocked-torch
 fallback), ``keops`` (``kernels.keops_ops``, marker ``keops``) and ``triton`` (``kernels.triton_softmin``
 under ``TRITON_INTERPRET=1`` on CPU, marker ``triton``). The reference is evaluated in float64 on the
 same inputs, so float32 results are checked for their own error. Shapes are odd (37 x 53, several
-tiles). KeOps compiles one formula per (primitive, dtype, D) (~5-8 s each on 2 cores, cached in
+tiles). KeOps compiles one formula per (primitive, dtype, D) (several seconds each on CPU, cached in
 ``~/.cache/keops*``): its cases are a small selection. The Triton interpreter is slow for large D:
 D = 64 and D = 300 get a few cases each; the large-d (``tl.dot``) path is also forced at D = 37 with small
 blocks. One GPU-only test checks that the ``tl.dot`` path is fp32-accurate (no TF32).
@@ -342,8 +342,9 @@ def test_triton_every_autotune_candidate_is_correct(table):
 
 @pytest.mark.triton
 def test_triton_float64_never_takes_the_dot_path():
-    """float64: 'auto' at large D uses the exact difference form (float64 tl.dot failed to compile on an
-    H200), path='dot' is refused, and weighted_mean's two-pass path for D > 64 sums in registers."""
+    """float64: 'auto' at large D uses the exact difference form (float64 tl.dot failed to compile
+    with Triton 3.6 for sm_90), path='dot' is refused, and weighted_mean's two-pass path for D > 64 sums in
+    registers."""
     mod = _backend("triton")
     x, y, h, scale = _problem(70, torch.float64, 1, n=19, m=23)
     eps = 0.05 * scale
@@ -418,11 +419,12 @@ def test_triton_launchers_pass_the_precision_to_every_dot_kernel(monkeypatch, pr
     precision: ``precision=`` first, then SROT_TRITON_DOT_PRECISION, then "ieee". The interpreter ignores
     the precision, so this is what the CPU can check; the GPU tests check the numbers."""
     mod = _backend("triton")
+    real = getattr(mod, "_module", mod)  # on CUDA the launchers look the kernels up in the module itself
     seen = []
     names = ("_softmin_fwd_kernel", "_weighted_mean_dot_kernel", "_weighted_sum_dot_kernel",
              "_plan_argmax_fwd_kernel", "_max_sq_fwd_kernel")
     for name in names:
-        monkeypatch.setattr(mod, name, _LaunchRecorder(getattr(mod, name), name, seen))
+        monkeypatch.setattr(real, name, _LaunchRecorder(getattr(real, name), name, seen))
     if env is None:
         monkeypatch.delenv("SROT_TRITON_DOT_PRECISION", raising=False)
     else:
