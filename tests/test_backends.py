@@ -1,4 +1,5 @@
-"""``sinkhorn`` and ``SROTLoss`` on every backend against the dense ``tensorized`` reference (SPEC §3-4).
+"""``sinkhorn`` and ``SROTLoss`` on every backend against the dense ``tensorized`` reference
+(docs/DESIGN.md, Solver and Kernel primitive).
 
 Backends: ``cpu`` (compiled C++ kernel, else its torch fallback), ``keops`` (marker ``keops``) and ``triton``
 (marker ``triton``; on CPU under ``TRITON_INTERPRET=1``, set by tests/conftest.py). Everything runs in

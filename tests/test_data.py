@@ -102,8 +102,13 @@ def test_contaminate():
     first = data.contaminate(clean, outl, 0.1, seed=0, shuffle=False)
     assert len(first.points) == 100 and bool(first.is_outlier[:10].all()) and not first.is_outlier[10:].any()
     assert int(data.contaminate(clean, outl, 0.0).is_outlier.sum()) == 0
-    with pytest.raises(ValueError, match="kappa"):
-        data.contaminate(clean, outl, 1.5)
+    for bad in (1.5, -0.1, float("nan")):
+        with pytest.raises(ValueError, match="kappa"):
+            data.contaminate(clean, outl, bad)
+    for bad in ("0.1", None, True):
+        with pytest.raises(TypeError, match="kappa"):
+            data.contaminate(clean, outl, bad)
+    assert int(data.contaminate(clean, outl, torch.tensor(0.15), 40, seed=1).is_outlier.sum()) == 6
     with pytest.raises(ValueError, match="shape"):
         data.contaminate(clean, torch.ones(5, 2), 0.1)
     with pytest.raises(ValueError, match="cannot draw"):

@@ -93,32 +93,63 @@ def test_flow_counts_dtype_determinism():
     assert not torch.equal(a.beta0, make_flow_2d(n=200, seed=5).beta0)
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    (dict(n=0), "n"),
-    (dict(n=7.5), "n"),
-    (dict(n_type1=-1), "n_type1"),
-    (dict(n_type2=-1), "n_type2"),
-    (dict(n=10, n_type1=6, n_type2=4), "n_type1 \\+ n_type2"),
-    (dict(seed=-1), "seed"),
-    (dict(seed=1.5), "seed"),
-    (dict(dtype=torch.int64), "dtype"),
-    (dict(dtype="float32"), "dtype"),
+# Bad values raise ValueError, values of the wrong type TypeError; both name the argument.
+@pytest.mark.parametrize("kwargs, error, name", [
+    (dict(n=0), ValueError, "n"),
+    (dict(n=7.5), TypeError, "n"),
+    (dict(n_type1=-1), ValueError, "n_type1"),
+    (dict(n_type2=-1), ValueError, "n_type2"),
+    (dict(n_type2=True), TypeError, "n_type2"),
+    (dict(n=10, n_type1=6, n_type2=4), ValueError, "n_type1 \\+ n_type2"),
+    (dict(seed=-1), ValueError, "seed"),
+    (dict(seed=1.5), TypeError, "seed"),
+    (dict(dtype=torch.int64), ValueError, "dtype"),
+    (dict(dtype="float32"), TypeError, "dtype"),
 ])
-def test_toy_validation(kwargs, name):
-    with pytest.raises(ValueError, match=name):
+def test_toy_validation(kwargs, error, name):
+    with pytest.raises(error, match=name):
         make_toy_2d(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    (dict(n=0), "n"),
-    (dict(outlier_frac=1.0), "outlier_frac"),
-    (dict(outlier_frac=-0.1), "outlier_frac"),
-    (dict(outlier_frac="a"), "outlier_frac"),
-    (dict(outlier_frac=float("nan")), "outlier_frac"),
-    (dict(n=2, outlier_frac=0.9), "outlier_frac"),
-    (dict(seed=-3), "seed"),
-    (dict(dtype=torch.bool), "dtype"),
+@pytest.mark.parametrize("kwargs, error, name", [
+    (dict(n=0), ValueError, "n"),
+    (dict(outlier_frac=1.0), ValueError, "outlier_frac"),
+    (dict(outlier_frac=-0.1), ValueError, "outlier_frac"),
+    (dict(outlier_frac=float("nan")), ValueError, "outlier_frac"),
+    (dict(outlier_frac=float("inf")), ValueError, "outlier_frac"),
+    (dict(n=2, outlier_frac=0.9), ValueError, "outlier_frac"),
+    (dict(outlier_frac="a"), TypeError, "outlier_frac"),
+    (dict(outlier_frac="0.1"), TypeError, "outlier_frac"),
+    (dict(outlier_frac=None), TypeError, "outlier_frac"),
+    (dict(outlier_frac=False), TypeError, "outlier_frac"),
+    (dict(seed=-3), ValueError, "seed"),
+    (dict(dtype=torch.bool), ValueError, "dtype"),
 ])
-def test_flow_validation(kwargs, name):
-    with pytest.raises(ValueError, match=name):
+def test_flow_validation(kwargs, error, name):
+    with pytest.raises(error, match=name):
         make_flow_2d(**kwargs)
+
+
+def test_fraction_accepts_real_numbers():
+    """numpy scalars and one-element tensors are numbers: same data as the float."""
+    import numpy as np
+
+    want = make_flow_2d(n=20, outlier_frac=0.25, seed=1).alpha_outlier
+    for frac in (np.float32(0.25), np.float64(0.25), torch.tensor(0.25)):
+        assert torch.equal(make_flow_2d(n=20, outlier_frac=frac, seed=1).alpha_outlier, want)
+
+
+def test_fraction_checks_agree_with_rot_delta():
+    """make_flow_2d's outlier_frac and rot_critic_loss's delta apply one rule for [0, 1) numbers."""
+    from srot_fast.partners import rot_critic_loss
+
+    dr, df = torch.randn(4), torch.randn(3)
+    for bad in (1.0, -0.1, float("nan"), "0.1", None, True):
+        errors = []
+        with pytest.raises((TypeError, ValueError), match="outlier_frac") as exc:
+            make_flow_2d(n=10, outlier_frac=bad)
+        errors.append(exc.type)
+        with pytest.raises((TypeError, ValueError), match="delta") as exc:
+            rot_critic_loss(dr, df, delta=bad)
+        errors.append(exc.type)
+        assert errors[0] is errors[1], (bad, errors)

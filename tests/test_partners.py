@@ -123,7 +123,7 @@ def test_ot_tv_equals_robot_for_equal_masses(p, lam):
 @pytest.mark.parametrize("lam", [0.1, 0.4])
 def test_ot_tv_vs_entropic_tv_sinkhorn(p, eps, lam):
     """Entropic bracket: exact <= OT_TV^eps <= exact + eps KL(pi_exact | a x b) (pi_exact is feasible
-    for the entropic problem, KL >= 0). Measured gaps are ~eps log(nm); the bracket tolerance adds 1e-7
+    for the entropic problem, KL >= 0). The gaps are ~eps log(nm); the bracket tolerance adds 1e-7
     for the Sinkhorn stopping tolerance."""
     x, y, a, b = random_problem(15, 12, seed=8, mass_b=1.2)
     exact, plan0 = exact_ot_tv(x, y, a, b, lam=lam, p=p)
@@ -190,9 +190,14 @@ def test_rot_zero_weight_removes_point_from_mean_and_max():
 
 def test_rot_argument_errors():
     dr, df = torch.randn(4), torch.randn(3)
-    for bad in (-0.1, 1.0, 1.5):
+    for bad in (-0.1, 1.0, 1.5, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="delta"):
             rot_critic_loss(dr, df, delta=bad)
+    for bad in ("0.1", "a", None, True, torch.tensor([0.1, 0.2])):
+        with pytest.raises(TypeError, match="delta"):
+            rot_critic_loss(dr, df, delta=bad)
+    assert float(rot_critic_loss(dr, df, delta=torch.tensor(0.25))) == pytest.approx(
+        float(rot_critic_loss(dr, df, delta=0.25)), abs=1e-6)
     with pytest.raises(ValueError, match="weights_real has zero total mass"):
         rot_critic_loss(dr, df, weights_real=torch.zeros(4))
     with pytest.raises(ValueError, match="weights_real must have shape"):
