@@ -6,19 +6,24 @@ from typing import Optional
 
 import torch
 
-_FLOAT_DTYPES = (torch.float32, torch.float64)
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def check_points(t, name: str, batched: bool = False) -> torch.Tensor:
-    """A (N, D) — or (B, N, D) when ``batched`` — finite float32/float64 tensor."""
+    """A (N, D) — or (B, N, D) when ``batched`` — finite floating-point tensor (float16 / bfloat16 are
+    accepted here and computed in float32, see :func:`compute_dtype`)."""
     if not torch.is_tensor(t):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"{name} must be float32 or float64, got {t.dtype}")
+        raise TypeError(f"{name} must be a floating-point tensor (float16, bfloat16, float32 or float64), "
+                        f"got {t.dtype}")
     want = (2, 3) if batched else (2,)
     if t.dim() not in want:
         shape = "(N, D) or (B, N, D)" if batched else "(N, D)"
         raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+    if t.dim() == 3 and t.shape[0] == 0 and t.shape[-1] > 0:
+        return t  # an empty batch
     if t.shape[-2] == 0 or t.shape[-1] == 0:
         raise ValueError(f"{name} must hold at least one point of dimension >= 1, got {tuple(t.shape)}")
     if not torch.isfinite(t).all():
@@ -46,20 +51,26 @@ def check_pair(x: torch.Tensor, y: torch.Tensor, xname: str = "x", yname: str = 
 def check_weights(w: Optional[torch.Tensor], like: torch.Tensor, name: str) -> torch.Tensor:
     """Non-negative finite weights of shape like.shape[:-1] with a positive total; None -> uniform 1/N."""
     shape = like.shape[:-1]
-    if w is None:
-        return torch.full(shape, 1.0 / shape[-1], dtype=like.dtype, device=like.device)
+    if w is None:  # uniform, in the dtype the solver computes in (float32 for half inputs)
+        dtype = torch.float32 if like.dtype in _HALF_DTYPES else like.dtype
+        return torch.full(shape, 1.0 / max(shape[-1], 1), dtype=dtype, device=like.device)
     if not torch.is_tensor(w):
         raise TypeError(f"{name} must be a torch.Tensor of weights, got {type(w).__name__}")
+    _same_device(w, like, name)
     if w.shape != shape:
         raise ValueError(f"{name} must have shape {tuple(shape)} (one weight per point), got {tuple(w.shape)}")
-    if w.dtype != like.dtype:
+    if w.dtype != like.dtype and not (like.dtype in _HALF_DTYPES and w.dtype == torch.float32):
         raise TypeError(f"{name} must have dtype {like.dtype} like the points, got {w.dtype}")
     if not torch.isfinite(w).all():
         raise ValueError(f"{name} contains NaN or inf")
     if (w < 0).any():
         raise ValueError(f"{name} has negative weights")
-    if not (w.sum(-1) > 0).all():
+    total = w.detach().double().sum(-1)
+    if not (total > 0).all():
         raise ValueError(f"{name} has zero total mass (all weights are zero)")
+    if total.numel() and (not torch.isfinite(total).all() or float(total.max()) > _MAX_MASS):
+        raise ValueError(f"{name} has a total mass of {float(total.max()):.3g}: too large to compute with "
+                         f"(products of masses overflow); rescale the weights (e.g. to probabilities)")
     return w
 
 
@@ -69,11 +80,64 @@ def check_offsets(o: Optional[torch.Tensor], like: torch.Tensor, name: str) -> O
         return None
     if not torch.is_tensor(o):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(o).__name__}")
+    _same_device(o, like, name)
     if o.shape != like.shape[:-1]:
         raise ValueError(f"{name} must have shape {tuple(like.shape[:-1])}, got {tuple(o.shape)}")
     if not torch.isfinite(o).all():
         raise ValueError(f"{name} contains NaN or inf")
     return o.to(like.dtype)
+
+
+_MAX_MASS = 1e100  # total weight above which |a| |b| and the dual value overflow or lose all precision
+
+
+def _same_device(t: torch.Tensor, like: torch.Tensor, name: str) -> None:
+    if t.device != like.device:
+        raise ValueError(f"{name} is on {t.device} but the points are on {like.device}; move it to {like.device}")
+
+
+def compute_dtype(*ts):
+    """Cast float16 / bfloat16 tensors (None passes through) to float32, the dtype the solver runs in."""
+    return tuple(t.float() if t is not None and t.dtype in _HALF_DTYPES else t for t in ts)
+
+
+def power(base: float, p: int, name: str) -> float:
+    """base**p as a float, with a ValueError naming ``name`` instead of a bare OverflowError (an infinite
+    base stays infinite)."""
+    if math.isinf(base):
+        return math.inf
+    try:
+        out = float(base) ** p
+    except OverflowError:
+        out = math.inf
+    if not math.isfinite(out):
+        raise ValueError(f"{name}**p overflows ({name}={base}, p={p}); use a smaller {name}")
+    return out
+
+
+def check_scale(diameter: float, p: int, eps: float, dtype: torch.dtype) -> None:
+    """Refuse data whose squared distances overflow the dtype (the kernels compute |x - y|^2)."""
+    big = torch.finfo(dtype).max
+    if not math.isfinite(diameter) or diameter * diameter >= big / 4:
+        raise ValueError(f"x and y span a diameter of {diameter:.3g}: their squared distances overflow {dtype}; "
+                         "rescale the points (or use float64)")
+    if eps >= big / 4:
+        raise ValueError(f"eps = {eps:.3g} overflows {dtype}; use a smaller blur / eps")
+
+
+def check_masses(mass_a: torch.Tensor, mass_b: torch.Tensor, dtype: torch.dtype) -> None:
+    """The product of the total masses must be representable in the dtype."""
+    prod = float((mass_a.double() * mass_b.double()).max()) if mass_a.numel() else 0.0
+    if not prod < torch.finfo(dtype).max / 16:
+        raise ValueError(f"the total masses of a and b multiply to {prod:.3g}, which overflows {dtype}; "
+                         "rescale the weights (e.g. to probabilities)")
+
+
+def masses(w: torch.Tensor, f: torch.Tensor, s: torch.Tensor, eps: float) -> torch.Tensor:
+    """w_i exp((f_i - s_i) / eps), computed as exp(log w_i + (f_i - s_i) / eps) in float64 (no overflow of
+    the factor alone where the product is finite), returned in w's dtype."""
+    out = torch.exp(w.double().log() + (f - s).double() / eps)
+    return out.to(w.dtype)
 
 
 def check_positive(value, name: str, allow_inf: bool = False) -> float:

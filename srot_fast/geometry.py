@@ -2,7 +2,7 @@ r"""The only place the Sinkhorn loop meets the points: soft-min operators of the
 
 A geometry holds row points x (N, D), column points y (M, D), the cost exponent p, optional
 per-point cost offsets u (N,), v (M,) — the soft SROT cost c'_ij = C(x_i, y_j) + u_i + v_j — and
-the primitives module of one backend. Offsets are free (SPEC §3):
+the primitives module of one backend. Offsets are free (docs/DESIGN.md, Problem):
     -eps * LSE_j[h_j - c'_ij / eps] = u_i - eps * LSE_j[h_j - v_j / eps - C_ij / eps],
 so they ride on the plain kernel with shifted inputs and outputs, never on an N x M pass.
 
@@ -13,6 +13,7 @@ soft-min is the plain one plus a log-add-exp.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -20,29 +21,45 @@ import torch
 __all__ = ["Geometry", "PartialGeometry", "bbox_diameter"]
 
 
-def bbox_diameter(x: torch.Tensor, y: torch.Tensor) -> float:
-    """Diagonal length of the bounding box of both point clouds (GeomLoss's default), in data units."""
-    pts = torch.cat([x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1])])
-    return float((pts.max(0).values - pts.min(0).values).norm())
+def bbox_diameter(x: torch.Tensor, y: torch.Tensor, a: Optional[torch.Tensor] = None,
+                  b: Optional[torch.Tensor] = None) -> float:
+    """Diagonal length of the bounding box of both point clouds (GeomLoss's default), in data units,
+    computed in float64. With weights a, b, only points of positive weight count (padding is neutral);
+    for a batch (B, N, D), the largest diagonal over the problems."""
+    def ends(pts, w):
+        pts = pts.double().reshape(-1, pts.shape[-2], pts.shape[-1])
+        if w is None:
+            return pts.amax(-2), pts.amin(-2)
+        keep = (w.reshape(pts.shape[:-1]) > 0)[..., None]
+        inf = torch.tensor(float("inf"), dtype=torch.float64, device=pts.device)
+        return torch.where(keep, pts, -inf).amax(-2), torch.where(keep, pts, inf).amin(-2)
+
+    if x.numel() == 0 or y.numel() == 0:
+        return 0.0
+    hx, lx = ends(x, a)
+    hy, ly = ends(y, b)
+    diag = (torch.maximum(hx, hy) - torch.minimum(lx, ly)).norm(dim=-1)
+    return float(diag.max())
 
 
 class Geometry:
-    """Soft-min operators for the cost C + u + v on (x, y) with the given backend ops."""
+    """Soft-min operators for the cost C + u + v on a batch of B problems (x (B, N, D), y (B, M, D),
+    u (B, N), v (B, M)) with the given backend ops: one kernel call per pass for the whole batch."""
 
     def __init__(self, ops, x: torch.Tensor, y: torch.Tensor, p: int,
                  u: Optional[torch.Tensor] = None, v: Optional[torch.Tensor] = None):
         self.ops, self.x, self.y, self.p, self.u, self.v = ops, x, y, p, u, v
-        self.n, self.m = x.shape[0], y.shape[0]
+        self.batch, self.n, self.m = x.shape[0], x.shape[-2], y.shape[-2]
 
     def softmin_x(self, h: torch.Tensor, eps: float) -> torch.Tensor:
-        """(N,) -eps * LSE_j[h_j - c'_ij / eps] for column log-weights h (M,)."""
+        """(B, N) -eps * LSE_j[h_j - c'_ij / eps] for column log-weights h (B, M)."""
         if self.v is not None:
             h = h - self.v / eps
         out = self.ops.softmin(self.x, self.y, h, eps, self.p)
         return out if self.u is None else out + self.u
 
     def softmin_y(self, h: torch.Tensor, eps: float) -> torch.Tensor:
-        """(M,) -eps * LSE_i[h_i - c'_ij / eps] for row log-weights h (N,)."""
+        """(B, M) -eps * LSE_i[h_i - c'_ij / eps] for row log-weights h (B, N)."""
         if self.u is not None:
             h = h - self.u / eps
         out = self.ops.softmin(self.y, self.x, h, eps, self.p)
@@ -53,21 +70,43 @@ class Geometry:
 
 
 class PartialGeometry:
-    """``geom`` augmented with a dummy row (index N) and a dummy column (index M)."""
+    """``geom`` augmented with a dummy row (index N) and a dummy column (index M), for transported mass
+    ``mass``.
 
-    def __init__(self, geom: Geometry):
+    The dual of the augmented problem has one direction along which alternating updates only drift, by
+    about eps log 2 per update: shifting the real potentials by +c and the dummy ones by -c multiplies the
+    real-to-real plan by exp(2 c / eps) and leaves the rest unchanged. :meth:`rebalance` maximises the dual
+    objective along it in closed form (the real plan's mass becomes ``mass``), with no extra kernel pass.
+    """
+
+    def __init__(self, geom: Geometry, mass: float):
         self.real = geom
-        self.n, self.m = geom.n + 1, geom.m + 1
+        self.mass = mass
+        self.batch, self.n, self.m = geom.batch, geom.n + 1, geom.m + 1
+        self._last_real = None  # (B, N) real-vs-real part of the last softmin_x
 
     @staticmethod
-    def _augment(real_softmin, h: torch.Tensor, eps: float) -> torch.Tensor:
-        real = real_softmin(h[:-1], eps)                        # real rows vs real columns
-        rows = -eps * torch.logaddexp(-real / eps, h[-1])        # + dummy column at cost 0
-        dummy = -eps * torch.logsumexp(h[:-1], 0, keepdim=True)  # dummy row: cost 0 to real, inf to dummy
-        return torch.cat([rows, dummy])
+    def _augment(real, h: torch.Tensor, eps: float) -> torch.Tensor:
+        rows = -eps * torch.logaddexp(-real / eps, h[:, -1:])        # + dummy column at cost 0
+        dummy = -eps * torch.logsumexp(h[:, :-1], -1, keepdim=True)  # dummy row: cost 0 to real, inf to dummy
+        return torch.cat([rows, dummy], -1)
 
     def softmin_x(self, h: torch.Tensor, eps: float) -> torch.Tensor:
-        return self._augment(self.real.softmin_x, h, eps)
+        real = self.real.softmin_x(h[:, :-1], eps)  # real rows vs real columns
+        self._last_real = real
+        return self._augment(real, h, eps)
 
     def softmin_y(self, h: torch.Tensor, eps: float) -> torch.Tensor:
-        return self._augment(self.real.softmin_y, h, eps)
+        return self._augment(self.real.softmin_y(h[:, :-1], eps), h, eps)
+
+    def rebalance(self, f: torch.Tensor, g: torch.Tensor, log_b: torch.Tensor, eps: float, log_a: torch.Tensor):
+        """(f, g, s) shifted along the real / dummy direction to the dual's maximum on it, where s is the row
+        soft-min at the new g; the last :meth:`softmin_x` call must have been at this g (no kernel pass)."""
+        log_real = torch.logsumexp(log_a[:, :-1] + (f[:, :-1] - self._last_real) / eps, -1)  # log real plan mass
+        c = (0.5 * eps * (math.log(self.mass) - log_real)).nan_to_num(0.0, 0.0, 0.0)[:, None]
+        shift_f = torch.cat([c.expand_as(f[:, :-1]), -c], -1)
+        shift_g = torch.cat([c.expand_as(g[:, :-1]), -c], -1)
+        f, g = f + shift_f, g + shift_g
+        self._last_real = self._last_real - c
+        h = log_b + g / eps
+        return f, g, self._augment(self._last_real, h, eps)

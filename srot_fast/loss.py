@@ -1,9 +1,10 @@
-r"""``SROTLoss``: a GeomLoss-style OT loss module with hard / soft SROT outlier reweighting.
+r"""``SROTLoss``: a drop-in for ``geomloss.SamplesLoss('sinkhorn')`` with hard / soft SROT outlier reweighting.
 
-Conventions (same as ``geomloss.SamplesLoss('sinkhorn')`` where the meaning is the same):
-cost C = |x - y| (p = 1) or |x - y|^2 / 2 (p = 2); eps = blur**p; tau = reach**p (KL or TV marginal
-penalty; balanced OT when reach is None); eps-scaling from ``diameter`` by ``scaling``.
-The value is the dual objective of the entropic problem (the Sinkhorn divergence with debias=True).
+Conventions (the same as GeomLoss's): cost C = |x - y| (p = 1) or |x - y|^2 / 2 (p = 2); eps = blur**p;
+tau = reach**p (KL or TV marginal penalty; balanced OT when reach is None); eps-scaling from ``diameter``
+by ``scaling``; ``debias=True`` (the default) returns the Sinkhorn divergence
+OT(a, b) - OT(a, a) / 2 - OT(b, b) / 2 (+ eps (|a| - |b|)^2 / 2), as ``SamplesLoss()`` does. Each OT term is
+the dual objective of the entropic problem at potentials solved to ``tol``.
 """
 from __future__ import annotations
 
@@ -16,60 +17,93 @@ from torch import nn
 from . import _checks
 from .backends import BACKENDS, get_ops, resolve_backend
 from .geometry import bbox_diameter
-from .sinkhorn import SinkhornResult, sinkhorn
+from .sinkhorn import SinkhornResult, _solve
 from .weights import hard_weights, soft_offsets
 
 __all__ = ["SROTLoss"]
 
 STRATEGIES = (None, "hard", "soft")
+_GEOMLOSS_ONLY = {  # SamplesLoss arguments srot_fast has no counterpart for -> what to use instead
+    "cost": "a custom cost is not supported: srot_fast's kernels compute |x - y| (p=1) or |x - y|^2/2 (p=2)",
+    "kernel": "kernel losses are not OT: use geomloss.SamplesLoss('gaussian' / 'laplacian' / 'energy')",
+    "cluster_scale": "the multiscale backend is not available: use backend='online' (streaming kernels)",
+}
 
 
 class SROTLoss(nn.Module):
     r"""Outlier-robust OT loss between weighted point clouds.
 
     Call as ``loss(x, y)`` or ``loss(a, x, b, y)``, with x (N, D) or (B, N, D), y (M, D) or (B, M, D),
-    a (N,) / (B, N), b (M,) / (B, M) non-negative weights (default uniform 1/N, 1/M). Returns a scalar
-    (or (B,) values), or the potentials (f, g) when ``potentials=True``.
+    a (N,) / (B, N), b (M,) / (B, M) non-negative weights (default uniform 1/N, 1/M). A batch is solved as one
+    problem set (one kernel launch per pass); ragged batches are padded with zero-weight points, which change
+    nothing (not the diameter, not gamma). Returns a scalar (or (B,) values), or the potentials (f, g) when
+    ``potentials=True``. float16 / bfloat16 inputs are computed in float32; the value has the input dtype.
+
+    The first arguments are ``geomloss.SamplesLoss``'s, with the same defaults, so ``SROTLoss()`` means
+    ``SamplesLoss()`` (balanced, p = 2, blur 0.05, scaling 0.5, debias=True); README.md has the table.
 
     Args:
+        loss: 'sinkhorn' (the only OT loss; other GeomLoss names are refused).
         p: 1 (cost |x - y|, the paper's choice) or 2 (cost |x - y|^2 / 2).
         blur: eps = blur**p, the entropic regularisation (blur in data units).
         reach: None (balanced OT), a number, or a pair (reach_a, reach_b); tau = reach**p.
-        penalty: 'kl' (unbalanced OT) or 'tv' (partial-like), used when reach is set; 'balanced'
-            (or reach=None) for hard marginals.
-        mass: transport only this mass (entropic partial OT); needs reach None.
         diameter, scaling: eps-scaling from diameter**p down to eps by factors scaling**p.
-        debias: subtract the self-transport terms (Sinkhorn divergence, Séjourné et al.); off by default.
-        potentials: return (f, g) instead of the value.
-        backend: 'auto' | 'tensorized' | 'keops' | 'triton'.
+        truncate, cost, kernel, cluster_scale: GeomLoss's; only their defaults are accepted.
+        debias: subtract the self-transport terms (Sinkhorn divergence, Séjourné et al.); on by default as in
+            GeomLoss. The paper's losses are not debiased (debias=False).
+        potentials: return (f, g) instead of the value (minus the self-transport potentials when debiased).
+            They are returned detached: the solver's gradients come from the envelope theorem on the value,
+            not from back-propagation through the iterations, so the potentials carry no graph.
+        verbose: print the solver's diagnostics after each call.
+        backend: 'auto' | 'online' (streaming: 'cpu' on CPU, 'triton'/'keops' on CUDA) | 'tensorized' | 'cpu' |
+            'keops' | 'triton'.
         strategy: None (plain OT), 'hard' (drop detected outliers' mass, renormalise) or 'soft'
             (add gamma / CE offsets to the cost; pair it with reach or mass so OT may refuse to move them).
-        gamma: offset scale in cost units; None -> max_ij C(x_i, y_j) per call (detached).
+        penalty: 'kl' (unbalanced OT) or 'tv' (partial-like), used when reach is set; 'balanced'
+            (or reach=None) for hard marginals.
+        mass: transport only this mass (entropic partial OT); needs reach None and debias=False.
+        tol, max_iter: Sinkhorn stopping rule (relative L1 marginal error) and cap on all updates; tol=None
+            runs GeomLoss's fixed schedule instead.
+        gamma: offset scale in cost units; None -> max_ij C(x_i, y_j) per problem and call (detached).
         detector: a fitted :class:`srot_fast.OutlierDetector`; or pass ``scores=(s_x, s_y)`` (P(target))
-            to the call.
+            to the call. Scores are detached (a one-time warning says so if they require grad).
         ce_floor: smallest cross-entropy in the soft offsets (offsets <= gamma / ce_floor).
-        tol, max_iter: Sinkhorn stopping rule (relative L1 marginal error) and cap.
         warm_start: start each call from the previous call's potentials when the shapes match
             (gradient flows, where consecutive problems are close); skips eps-scaling. Call
             ``reset()`` to forget them. Off by default (unrelated batches gain nothing).
 
-    After a call, ``last_result`` holds the :class:`SinkhornResult` of the (last) cross problem,
-    e.g. to read ``n_iter``, ``backend`` or ``row_mass``.
+    After a call, ``last_result`` holds the :class:`SinkhornResult` of the cross problem (for a batch,
+    per-problem ``n_iter`` and ``marginal_error`` tensors), e.g. to read ``backend`` or ``row_mass``.
+    Second-order derivatives (double backward) raise a RuntimeError.
 
     Example:
-        >>> loss = SROTLoss(p=1, blur=0.01, reach=1.0, strategy="soft")
+        >>> loss = SROTLoss("sinkhorn", p=1, blur=0.01, reach=1.0, strategy="soft")
         >>> value = loss(x, y, scores=(detector.predict_proba(x), detector.predict_proba(y)))
     """
 
-    def __init__(self, p: int = 2, blur: float = 0.05, reach=None, diameter: Optional[float] = None,
-                 scaling: float = 0.5, debias: bool = False, potentials: bool = False, backend: str = "auto",
-                 strategy: Optional[str] = None, penalty: str = "kl", mass: Optional[float] = None,
-                 tol: float = 1e-4, max_iter: int = 1000, gamma: Optional[float] = None,
-                 detector=None, ce_floor: float = 1e-6, warm_start: bool = False):
+    def __init__(self, loss: str = "sinkhorn", p: int = 2, blur: float = 0.05, reach=None,
+                 diameter: Optional[float] = None, scaling: float = 0.5, truncate: float = 5, cost=None,
+                 kernel=None, cluster_scale=None, debias: bool = True, potentials: bool = False,
+                 verbose: bool = False, backend: str = "auto", *, strategy: Optional[str] = None,
+                 penalty: str = "kl", mass: Optional[float] = None, tol: Optional[float] = 1e-4,
+                 max_iter: int = 1000, gamma: Optional[float] = None, detector=None, ce_floor: float = 1e-6,
+                 warm_start: bool = False):
         super().__init__()
+        if not isinstance(loss, str):
+            raise TypeError(f"loss must be the loss name 'sinkhorn' (the first argument, as in geomloss.SamplesLoss); "
+                            f"got {loss!r}: pass p=... by keyword")
+        if loss != "sinkhorn":
+            raise ValueError(f"loss must be 'sinkhorn' (SROT is an OT loss), got {loss!r}; for kernel or "
+                             "Hausdorff losses use geomloss.SamplesLoss")
+        for name, value in (("cost", cost), ("kernel", kernel), ("cluster_scale", cluster_scale)):
+            if value is not None:
+                raise ValueError(f"{name}: {_GEOMLOSS_ONLY[name]}")
+        if truncate != 5:
+            raise ValueError("truncate only acts in GeomLoss's multiscale backend, which srot_fast does not have; "
+                             "leave it at its default")
         self.p = _checks.check_p(p)
         self.blur = _checks.check_positive(blur, "blur")
-        self.eps = self.blur**self.p
+        self.eps = _checks.power(self.blur, self.p, "blur")
         if penalty not in ("kl", "tv", "balanced"):
             raise ValueError(f"penalty must be 'kl', 'tv' (with reach) or 'balanced', got {penalty!r}")
         if reach is None or penalty == "balanced":
@@ -78,18 +112,22 @@ class SROTLoss(nn.Module):
             self.penalty, self.tau = "balanced", None
         else:
             ra, rb = _checks.pair_of(reach, "reach")
-            self.penalty, self.tau = penalty, (ra**self.p, rb**self.p)
+            self.penalty, self.tau = penalty, (_checks.power(ra, self.p, "reach"), _checks.power(rb, self.p, "reach"))
         if mass is not None:
             if reach is not None:
                 raise ValueError("mass (partial OT) and reach (unbalanced OT) are exclusive; set one")
             mass = _checks.check_positive(mass, "mass")
+            if debias:
+                raise ValueError("debias is not defined for partial OT (mass); pass debias=False")
         self.mass = mass
         self.diameter = None if diameter is None else _checks.check_positive(diameter, "diameter")
         self.scaling = _checks.check_positive(scaling, "scaling")
         if not self.scaling < 1:
             raise ValueError(f"scaling must be in (0, 1), got {scaling}")
-        if backend != "auto" and backend not in BACKENDS:
-            raise ValueError(f"backend must be 'auto' or one of {BACKENDS}, got {backend!r}")
+        if backend == "multiscale":
+            raise ValueError("backend='multiscale' is not available; use 'online' (streaming kernels) or 'auto'")
+        if backend != "auto" and backend != "online" and backend not in BACKENDS:
+            raise ValueError(f"backend must be 'auto', 'online' or one of {BACKENDS}, got {backend!r}")
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be None, 'hard' or 'soft', got {strategy!r}")
         if strategy == "soft" and self.penalty == "balanced" and mass is None:
@@ -100,16 +138,22 @@ class SROTLoss(nn.Module):
             raise TypeError("detector must be a fitted OutlierDetector (with predict_proba)")
         self.gamma = None if gamma is None else _checks.check_positive(gamma, "gamma")
         self.ce_floor = _checks.check_positive(ce_floor, "ce_floor")
+        if tol is not None:
+            tol = _checks.check_positive(tol, "tol")
+        if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 0:
+            raise ValueError(f"max_iter must be a non-negative int, got {max_iter!r}")
         self.debias, self.potentials, self.backend = bool(debias), bool(potentials), backend
+        self.verbose = bool(verbose)
         self.strategy, self.detector = strategy, detector
         self.tol, self.max_iter = tol, max_iter
         self.warm_start = bool(warm_start)
         self.last_result: Optional[SinkhornResult] = None
-        self._warm: dict = {}  # batch index -> (f, g) of the previous call
+        self._warm: Optional[tuple] = None  # (f, g) of the previous call
+        self._warned_grad_scores = False
 
     def reset(self) -> None:
         """Forget the potentials kept for ``warm_start``."""
-        self._warm.clear()
+        self._warm = None
 
     def extra_repr(self) -> str:
         return (f"p={self.p}, blur={self.blur}, penalty={self.penalty!r}, tau={self.tau}, mass={self.mass}, "
@@ -128,16 +172,14 @@ class SROTLoss(nn.Module):
         _checks.check_pair(x, y)
         a = _checks.check_weights(a, x, "a")
         b = _checks.check_weights(b, y, "b")
+        batched = x.dim() == 3
+        if not batched:
+            x, y, a, b = x[None], y[None], a[None], b[None]
         s_x, s_y = self._scores(x, y, scores)
-        if x.dim() == 2:
-            return self._single(a, x, b, y, s_x, s_y, 0)
-        outs = [self._single(a[k], x[k], b[k], y[k], None if s_x is None else s_x[k],
-                             None if s_y is None else s_y[k], k) for k in range(x.shape[0])]
-        if self.potentials:
-            return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
-        return torch.stack(outs)
+        return self._batch(a, x, b, y, s_x, s_y, batched)
 
     def _scores(self, x, y, scores):
+        """(B, N), (B, M) P(target) per point, detached, or (None, None) without a strategy."""
         if self.strategy is None:
             if scores is not None:
                 warnings.warn("scores are ignored with strategy=None; set strategy='hard' or 'soft'",
@@ -151,49 +193,96 @@ class SROTLoss(nn.Module):
                 raise ValueError("the detector is not fitted; call detector.fit(source, target) first")
             s_x = self.detector.predict_proba(x.detach().reshape(-1, x.shape[-1])).reshape(x.shape[:-1])
             s_y = self.detector.predict_proba(y.detach().reshape(-1, y.shape[-1])).reshape(y.shape[:-1])
-            return s_x.to(x.dtype), s_y.to(y.dtype)
+            return s_x.to(x.device, torch.float64), s_y.to(y.device, torch.float64)
         if not (isinstance(scores, (tuple, list)) and len(scores) == 2):
             raise TypeError("scores must be a pair (s_x, s_y) of P(target) tensors")
-        s_x, s_y = scores
-        for s, pts, name in ((s_x, x, "scores[0]"), (s_y, y, "scores[1]")):
+        out = []
+        for s, pts, name in ((scores[0], x, "scores[0]"), (scores[1], y, "scores[1]")):
+            if torch.is_tensor(s) and s.dim() == pts.dim() - 2:  # unbatched scores for an unbatched call
+                s = s[None]
             if not torch.is_tensor(s) or s.shape != pts.shape[:-1]:
-                raise ValueError(f"{name} must be a tensor of shape {tuple(pts.shape[:-1])} (one P(target) per "
-                                 f"point), got {tuple(s.shape) if torch.is_tensor(s) else type(s).__name__}")
-        return s_x.detach().to(x.dtype), s_y.detach().to(y.dtype)
+                want = tuple(pts.shape[1 if pts.shape[0] == 1 else 0:-1])
+                raise ValueError(f"{name} must be a tensor of shape {want} (one P(target) per point), got "
+                                 f"{tuple(s.shape) if torch.is_tensor(s) else type(s).__name__}")
+            if s.device != pts.device:
+                raise ValueError(f"{name} is on {s.device} but the points are on {pts.device}; move it there")
+            if s.requires_grad and not self._warned_grad_scores:
+                warnings.warn("SROTLoss detaches the outlier scores: no gradient flows to the detector through "
+                              "the loss (the SROT weights and offsets are constants of the OT problem)",
+                              UserWarning, stacklevel=3)
+                self._warned_grad_scores = True
+            out.append(s.detach().double())
+        return out[0], out[1]
 
-    def _solve(self, x, y, a, b, u, v, diam, init=None):
-        return sinkhorn(x, y, a, b, p=self.p, eps=self.eps, penalty=self.penalty, tau=self.tau, mass=self.mass,
-                        u=u, v=v, scaling=self.scaling, diameter=diam, tol=self.tol, max_iter=self.max_iter,
-                        backend=self.backend, init=init)
+    def _gamma(self, x, y, a, b) -> torch.Tensor:
+        """(B,) gamma per problem: the largest ground cost between points of positive weight (detached)."""
+        if self.gamma is not None:
+            return x.new_full((x.shape[0],), self.gamma, dtype=torch.float64)
+        xs, ys = _fill_padding(x.detach(), a), _fill_padding(y.detach(), b)
+        ops = get_ops(resolve_backend(self._backend(x), x.shape[-2], y.shape[-2], x.device))
+        gam = ops.max_cost(xs, ys, self.p).double().reshape(-1)
+        return torch.where(gam > 0, gam, torch.ones_like(gam))
 
-    def _single(self, a, x, b, y, s_x, s_y, k):
+    def _backend(self, x) -> str:
+        if self.backend != "online":
+            return self.backend
+        return "cpu" if x.device.type == "cpu" else "auto"
+
+    def _solve(self, x, y, a, b, u, v, diam, init=None, self_transport=False):
+        return _solve(x, y, a, b, p=self.p, eps=self.eps, penalty=self.penalty, tau=self.tau, mass=self.mass,
+                      u=u, v=v, scaling=self.scaling, diameter=diam, tol=self.tol, max_iter=self.max_iter,
+                      backend=self._backend(x), init=init, self_transport=self_transport)
+
+    def _batch(self, a, x, b, y, s_x, s_y, batched: bool):
+        """Values (B,) (or potentials) of B problems (x (B, N, D), ...), solved as one batch; with
+        ``batched=False`` (B = 1) the solve and the outputs drop the batch dimension."""
         u = v = None
         if self.strategy == "hard":
-            a, b = hard_weights(a, s_x, b, s_y)
+            pairs = [hard_weights(a[k], s_x[k].to(a.dtype), b[k], s_y[k].to(b.dtype)) for k in range(a.shape[0])]
+            if pairs:
+                a = torch.stack([w for w, _ in pairs])
+                b = torch.stack([w for _, w in pairs])
         elif self.strategy == "soft":
-            gamma = self.gamma
-            if gamma is None:  # the paper's default: the largest ground cost (treated as a constant)
-                ops = get_ops(resolve_backend(self.backend, x.shape[0], y.shape[0], x.device))
-                gamma = float(ops.max_cost(x.detach(), y.detach(), self.p)) or 1.0
-            u, v = soft_offsets(s_x, s_y, gamma, self.ce_floor)
-        diam = self.diameter if self.diameter is not None else bbox_diameter(x.detach(), y.detach())
+            gam = self._gamma(x, y, a, b)
+            pairs = [soft_offsets(s_x[k], s_y[k], float(gam[k]), self.ce_floor) for k in range(x.shape[0])]
+            if pairs:
+                u = torch.stack([o for o, _ in pairs]).to(x.dtype)
+                v = torch.stack([o for _, o in pairs]).to(y.dtype)
+            else:
+                u, v = x.new_zeros(x.shape[:-1]), y.new_zeros(y.shape[:-1])
+        diam = self.diameter
+        if diam is None:
+            diam = bbox_diameter(x.detach(), y.detach(), a.detach(), b.detach())
+        if not batched:
+            x, y, a, b = x[0], y[0], a[0], b[0]
+            u = None if u is None else u[0]
+            v = None if v is None else v[0]
         init = None
-        if self.warm_start:
-            prev = self._warm.get(k)
-            if prev is not None and prev[0].shape == a.shape and prev[1].shape == b.shape \
-                    and prev[0].dtype == a.dtype and prev[0].device == a.device:
-                init = prev
+        if self.warm_start and self._warm is not None:
+            f0, g0 = self._warm
+            if f0.shape == a.shape and g0.shape == b.shape and f0.dtype == a.dtype and f0.device == a.device:
+                init = self._warm
         res = self._solve(x, y, a, b, u, v, diam, init)
         if self.warm_start:
-            self._warm[k] = (res.f.detach(), res.g.detach())
+            self._warm = (res.f.detach(), res.g.detach())
         self.last_result = res
+        if self.verbose:
+            its, err = torch.as_tensor(res.n_iter), torch.as_tensor(res.marginal_error)
+            print(f"SROTLoss: {res.backend}, updates {its.tolist()}, marginal error {float(err.max()):.2e}, "
+                  f"{res.passes} passes, {res.syncs} syncs")
         if not self.debias:
-            return (res.f, res.g) if self.potentials else res.value
-        if self.mass is not None:
-            raise ValueError("debias is not defined for partial OT (mass); use debias=False")
-        rxx = self._solve(x, x, a, a, u, u, diam)
-        ryy = self._solve(y, y, b, b, v, v, diam)
+            return (res.f.detach(), res.g.detach()) if self.potentials else res.value
+        rxx = self._solve(x, x, a, a, u, u, diam, self_transport=True)
+        ryy = self._solve(y, y, b, b, v, v, diam, self_transport=True)
         if self.potentials:
-            return res.f - rxx.f, res.g - ryy.g
-        mass_gap = (a.sum() - b.sum()) ** 2
-        return res.value - 0.5 * (rxx.value + ryy.value) + 0.5 * self.eps * mass_gap
+            return (res.f - rxx.f).detach(), (res.g - ryy.g).detach()
+        mass_gap = (a.sum(-1) - b.sum(-1)) ** 2
+        return res.value - 0.5 * (rxx.value + ryy.value) + (0.5 * self.eps * mass_gap).to(res.value.dtype)
+
+
+def _fill_padding(pts: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """(B, N, D) points with each zero-weight point replaced by the problem's first point of positive weight,
+    so that max_ij C over all pairs equals the max over pairs of positive weight."""
+    first = (w > 0).to(torch.int8).argmax(-1)  # (B,)
+    rep = pts[torch.arange(pts.shape[0], device=pts.device), first]  # (B, D)
+    return torch.where((w > 0)[..., None], pts, rep[:, None, :])

@@ -52,7 +52,7 @@ def _inputs(n=6, m=5, seed=3):
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_gradcheck_loss_points_and_weights(name, p):
     kw = CONFIGS[name]
-    loss = SROTLoss(p=p, blur=0.3, backend="tensorized", **kw, **SOLVE)
+    loss = SROTLoss(p=p, blur=0.3, backend="tensorized", **{"debias": False, **kw}, **SOLVE)
     # balanced: a, b must keep equal masses, so normalise them (the gradient is then defined up to a
     # constant, which the normalisation projects out). Partial and unbalanced: raw weights, so the
     # constant part of d/da (e.g. the dummy mass |a| - s of partial OT) is checked too.
@@ -70,7 +70,7 @@ def test_gradcheck_loss_points_and_weights(name, p):
 def test_gradcheck_loss_full_jacobian(name, p):
     """Entry-by-entry gradcheck (no random projection) on two configurations."""
     kw = CONFIGS[name]
-    loss = SROTLoss(p=p, blur=0.3, backend="tensorized", **kw, **SOLVE)
+    loss = SROTLoss(p=p, blur=0.3, backend="tensorized", **{"debias": False, **kw}, **SOLVE)
     normalise = "reach" not in kw and "mass" not in kw
 
     def value(x, y, wa, wb):
@@ -103,7 +103,7 @@ def test_gradcheck_hard_strategy_weights():
     x, y, wa, wb = _inputs()
     s_x = torch.tensor([0.1, 0.9, 0.2, 0.3, 0.1, 0.4], dtype=torch.float64)  # x_1 flagged
     s_y = torch.tensor([0.9, 0.8, 0.3, 0.7, 0.6], dtype=torch.float64)       # y_2 flagged
-    loss = SROTLoss(p=2, blur=0.3, strategy="hard", **SOLVE)
+    loss = SROTLoss(p=2, blur=0.3, strategy="hard", **SOLVE, debias=False)
 
     def value(x, y, wa, wb):
         return loss(wa / wa.sum(), x, wb / wb.sum(), y, scores=(s_x, s_y))
@@ -145,7 +145,7 @@ def test_p1_gradient_at_coincident_points(reach):
 def test_upstream_gradient_is_propagated():
     """d(3.7 * loss) = 3.7 * d(loss) for points and weights, on both sides."""
     x, y, wa, wb = _inputs()
-    loss = SROTLoss(p=2, blur=0.3, reach=0.8, **SOLVE)
+    loss = SROTLoss(p=2, blur=0.3, reach=0.8, **SOLVE, debias=False)
     g1 = torch.autograd.grad(loss(wa, x, wb, y), (x, y, wa, wb))
     g2 = torch.autograd.grad(3.7 * loss(wa, x, wb, y), (x, y, wa, wb))
     for t1, t2 in zip(g1, g2):
@@ -162,7 +162,7 @@ def test_batched_gradient_matches_loop():
         ys.append(y)
     X = torch.stack(xs).requires_grad_(True)
     Y = torch.stack(ys)
-    loss = SROTLoss(p=1, blur=0.2, reach=1.0, **SOLVE)
+    loss = SROTLoss(p=1, blur=0.2, reach=1.0, **SOLVE, debias=False)
     (gX,) = torch.autograd.grad(loss(X, Y).sum(), X)
     for k in range(3):
         xk = xs[k].clone().requires_grad_(True)

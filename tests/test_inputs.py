@@ -38,12 +38,13 @@ SINKHORN_BAD = {
               r"^a must have shape"),
     "len_b": (lambda x, y: dict(x=x, y=y, b=torch.full((5,), 0.2, dtype=F64)), ValueError,
               r"^b must have shape"),
-    "f16_x": (lambda x, y: dict(x=x.half(), y=y), TypeError, r"^x must be float32 or float64"),
-    "f16_y": (lambda x, y: dict(x=x, y=y.half()), TypeError, r"^y must be float32 or float64"),
-    "int_x": (lambda x, y: dict(x=torch.ones(5, 2, dtype=torch.int64), y=y), TypeError, r"^x must be float"),
+    "f16_x": (lambda x, y: dict(x=x.half(), y=y), TypeError, r"^x and y must have the same dtype"),
+    "f16_y": (lambda x, y: dict(x=x, y=y.half()), TypeError, r"^x and y must have the same dtype"),
+    "int_x": (lambda x, y: dict(x=torch.ones(5, 2, dtype=torch.int64), y=y), TypeError,
+              r"^x must be a floating-point tensor"),
     "list_x": (lambda x, y: dict(x=x.tolist(), y=y), TypeError, r"^x must be a torch.Tensor"),
     "1d_x": (lambda x, y: dict(x=x[:, 0], y=y), ValueError, r"^x must have shape"),
-    "batched_x": (lambda x, y: dict(x=x[None], y=y), ValueError, r"^x must have shape \(N, D\)"),
+    "batched_x": (lambda x, y: dict(x=x[None], y=y), ValueError, r"^x and y must both be batched or both not"),
     "eps0": (lambda x, y: dict(x=x, y=y, eps=0.0), ValueError, r"^eps must be"),
     "eps_neg": (lambda x, y: dict(x=x, y=y, eps=-1.0), ValueError, r"^eps must be"),
     "eps_nan": (lambda x, y: dict(x=x, y=y, eps=math.nan), ValueError, r"^eps must be"),
@@ -109,6 +110,18 @@ LOSS_CTOR_BAD = {
     "mass0": (dict(mass=0.0), ValueError, r"^mass must be"),
     "gamma": (dict(gamma=-1.0, strategy="soft", reach=1.0), ValueError, r"^gamma must be"),
     "detector": (dict(detector=object(), strategy="hard"), TypeError, r"^detector must be"),
+    "debias_partial": (dict(mass=0.5, debias=True), ValueError, r"^debias is not defined"),
+    "debias_partial_default": (dict(mass=0.5), ValueError, r"^debias is not defined"),
+    "blur_overflow": (dict(blur=1e200), ValueError, r"^blur\*\*p overflows"),
+    "loss_name": (dict(loss="energy"), ValueError, r"^loss must be 'sinkhorn'"),
+    "p_positional": ((2,), TypeError, r"^loss must be the loss name"),
+    "cost": (dict(cost="SqDist(X,Y)"), ValueError, r"^cost: a custom cost"),
+    "kernel": (dict(kernel=lambda x, y: x), ValueError, r"^kernel: kernel losses"),
+    "cluster_scale": (dict(cluster_scale=0.1), ValueError, r"^cluster_scale: the multiscale"),
+    "truncate": (dict(truncate=3), ValueError, r"^truncate only acts"),
+    "multiscale": (dict(backend="multiscale"), ValueError, r"^backend='multiscale' is not available"),
+    "max_iter": (dict(max_iter=-1), ValueError, r"^max_iter must be"),
+    "tol": (dict(tol=0.0), ValueError, r"^tol must be"),
 }
 
 
@@ -116,7 +129,10 @@ LOSS_CTOR_BAD = {
 def test_loss_constructor_rejects(case):
     kwargs, exc, pattern = LOSS_CTOR_BAD[case]
     with pytest.raises(exc, match=pattern):
-        SROTLoss(**kwargs)
+        if isinstance(kwargs, tuple):
+            SROTLoss(*kwargs)
+        else:
+            SROTLoss(**kwargs)
 
 
 def test_loss_rejects_unknown_penalty_without_reach():
@@ -143,7 +159,7 @@ def _loss_call_bad():
                    r"^a has zero total mass"),
         "len_a": (dict(), (torch.full((3,), 1 / 3, dtype=F64), x, None, y), {}, ValueError,
                   r"^a must have shape"),
-        "f16": (dict(), (x.half(), y.half()), {}, TypeError, r"^x must be float32 or float64"),
+        "int": (dict(), (x.long(), y.long()), {}, TypeError, r"^x must be a floating-point tensor"),
         "n_args": (dict(), (x, y, x), {}, TypeError, r"\(x, y\) or \(a, x, b, y\)"),
         "unequal_mass": (dict(), (None, x, torch.full((4,), 0.5, dtype=F64), y), {}, ValueError,
                          r"equal total mass"),
@@ -162,14 +178,13 @@ def _loss_call_bad():
         "hard_all_target": (dict(strategy="hard"), (x, y),
                             {"scores": (s_ok[0], torch.full((4,), 0.1, dtype=F64))}, ValueError,
                             r"flags every point of the target \(b\)"),
-        "debias_partial": (dict(mass=0.5, debias=True), (x, y), {}, ValueError, r"^debias is not defined"),
     }
 
 
 @pytest.mark.parametrize("case", list(_loss_call_bad()))
 def test_loss_call_rejects(case):
     ctor, args, kwargs, exc, pattern = _loss_call_bad()[case]
-    loss = SROTLoss(blur=0.5, **ctor)
+    loss = SROTLoss(blur=0.5, **{"debias": False, **ctor})
     with pytest.raises(exc, match=pattern):
         loss(*args, **kwargs)
 
@@ -180,3 +195,118 @@ def test_exact_partial_rejects_too_much_mass():
         exact_partial(x, y, mass=1.2)
     with pytest.raises(ValueError, match=r"^mass must be"):
         exact_partial(x, y, mass=-0.2)
+
+
+# ---------------------------------------------------------------- devices, scales, edge cases
+class _OtherDevice:
+    """A tensor on the 'meta' device stands in for 'another device than the points' on a CPU-only machine."""
+
+    @staticmethod
+    def like(t):
+        return torch.empty(t.shape, dtype=t.dtype, device="meta")
+
+
+@pytest.mark.parametrize("arg", ["a", "b", "u", "v"])
+def test_sinkhorn_names_an_argument_on_another_device(arg):
+    x, y = _pts()
+    kw = {"a": torch.full((5,), 0.2, dtype=F64), "b": torch.full((4,), 0.25, dtype=F64),
+          "u": torch.zeros(5, dtype=F64), "v": torch.zeros(4, dtype=F64)}
+    kw[arg] = _OtherDevice.like(kw[arg])
+    with pytest.raises(ValueError, match=rf"^{arg} is on meta but the points are on cpu"):
+        sinkhorn(x, y, penalty="kl", tau=1.0, **kw)
+
+
+def test_loss_names_scores_on_another_device():
+    x, y = _pts()
+    s = (_OtherDevice.like(torch.zeros(5, dtype=F64)), torch.full((4,), 0.9, dtype=F64))
+    with pytest.raises(ValueError, match=r"^scores\[0\] is on meta"):
+        SROTLoss(strategy="hard", debias=False)(x, y, scores=s)
+
+
+def test_huge_coordinates_and_blur_give_clear_errors():
+    x, y = _pts()
+    with pytest.raises(ValueError, match=r"squared distances overflow torch.float64"):
+        sinkhorn(x * 1e200, y, p=2)
+    with pytest.raises(ValueError, match=r"squared distances overflow torch.float32"):
+        sinkhorn(x.float() * 1e20, y.float(), p=1)
+    with pytest.raises(ValueError, match=r"^blur\*\*p overflows"):
+        SROTLoss(p=2, blur=1e200)
+
+
+def test_weights_too_large_give_a_clear_error():
+    x, y = _pts()
+    with pytest.raises(ValueError, match=r"^a has a total mass of .* too large"):
+        sinkhorn(x, y, torch.full((5,), 1e300, dtype=F64), torch.full((4,), 1e300, dtype=F64), penalty="kl", tau=1.0)
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_identical_clouds_and_one_shared_point_give_zero(p):
+    """No 'diameter must be > 0': OT between identical measures (debiased) is 0, as POT gives."""
+    x, _ = _pts()
+    assert abs(float(SROTLoss(p=p)(x, x.clone()))) <= 1e-12
+    one = torch.tensor([[0.3, -0.2]], dtype=F64)
+    res = sinkhorn(one, one.clone(), p=p)
+    assert abs(float(res.value)) <= 1e-12 and res.marginal_error <= 1e-12
+    assert abs(float(SROTLoss(p=p)(one, one.clone()))) <= 1e-12
+
+
+def test_mass_equal_to_a_total_that_rounds_below_it():
+    """mass = min(|a|, |b|) when the float sum of the weights rounds just below it: no NaN, all mass moves."""
+    x, y = _pts(7, 7)
+    a = torch.full((7,), 1 / 7, dtype=F64)
+    assert float(a.sum()) != 1.0  # the rounding case
+    res = sinkhorn(x, y, a, a.clone(), p=2, eps=0.05, mass=1.0)
+    assert res.transported_mass == pytest.approx(float(a.sum()), rel=1e-6)
+    ref = sinkhorn(x, y, a, a.clone(), p=2, eps=0.05)
+    assert float(res.value) == pytest.approx(float(ref.value), rel=1e-6)
+
+
+def test_empty_batch():
+    x = torch.zeros(0, 5, 2, dtype=F64)
+    y = torch.zeros(0, 4, 2, dtype=F64, requires_grad=True)
+    out = SROTLoss()(x, y)
+    assert out.shape == (0,)
+    out.sum().backward()
+    assert y.grad.shape == y.shape
+    res = sinkhorn(x, y.detach())
+    assert res.value.shape == (0,) and res.f.shape == (0, 5)
+
+
+def test_float32_small_blur_diagnostics_stay_finite():
+    """At a blur where exp((f - s)/eps) overflows float32 mid-solve, the marginal error and the masses are
+    computed from log-weights in float64, so an early stop reports a finite error instead of failing."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(60, 2, generator=gen)
+    y = torch.randn(50, 2, generator=gen) + 2
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = sinkhorn(x, y, p=2, eps=1e-4, max_iter=12, backend="tensorized")
+    assert math.isfinite(res.marginal_error)
+    assert torch.isfinite(res.row_mass).all() and torch.isfinite(res.col_mass).all()
+
+
+def test_scores_that_require_grad_are_detached_with_one_warning():
+    x, y = _pts()
+    s_x = torch.full((5,), 0.1, dtype=F64, requires_grad=True)
+    s_y = torch.full((4,), 0.9, dtype=F64, requires_grad=True)
+    loss = SROTLoss(strategy="soft", reach=1.0)
+    with pytest.warns(UserWarning, match="detaches the outlier scores"):
+        v = loss(x, y, scores=(s_x, s_y))
+    assert not v.requires_grad or v.grad_fn is not None
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loss(x, y, scores=(s_x, s_y))  # once only
+
+
+@pytest.mark.parametrize("backend", ["tensorized", "cpu"])
+def test_double_backward_raises_a_clear_error(backend):
+    x, y = _pts(30, 20)
+    x = x.clone().requires_grad_()
+    value = SROTLoss(p=2, blur=0.3, backend=backend)(x, y)
+    (g,) = torch.autograd.grad(value, x, create_graph=True)
+    with pytest.raises(RuntimeError, match="second-order derivatives"):
+        torch.autograd.grad(g.sum(), x)

@@ -32,6 +32,7 @@ BLUR = 0.3
 GL_SCALING = 1 - 1e-5
 GL_DIAMETER = BLUR * math.exp(200 * 1e-5)
 SOLVE = dict(tol=1e-12, max_iter=100_000)
+PLAIN = dict(SOLVE, debias=False)  # the paper's (not debiased) loss
 
 
 def _clouds(n=200, m=150, seed=0):
@@ -82,7 +83,7 @@ def test_batched_equals_loop_and_geomloss():
     """(B, N, D) inputs with (B, N) weights: same values / potentials as one call per item."""
     items = [_clouds(40, 30, seed=s) for s in range(3)]
     A, X, B, Y = (torch.stack([it[k] for it in items]) for k in range(4))
-    loss = SROTLoss(p=2, blur=BLUR, reach=1.0, **SOLVE)
+    loss = SROTLoss(p=2, blur=BLUR, reach=1.0, **PLAIN)
     values = loss(A, X, B, Y)
     assert values.shape == (3,)
     loop = torch.stack([loss(*it) for it in items])
@@ -90,7 +91,7 @@ def test_batched_equals_loop_and_geomloss():
     ref = geomloss_loss(p=2, blur=BLUR, reach=1.0, scaling=GL_SCALING, diameter=GL_DIAMETER)(A, X, B, Y)
     torch.testing.assert_close(values, ref, rtol=1e-5, atol=0)
 
-    pot = SROTLoss(p=2, blur=BLUR, reach=1.0, potentials=True, **SOLVE)
+    pot = SROTLoss(p=2, blur=BLUR, reach=1.0, potentials=True, **PLAIN)
     f, g = pot(A, X, B, Y)
     assert f.shape == (3, 40) and g.shape == (3, 30)
     for k, it in enumerate(items):
@@ -137,8 +138,8 @@ def test_hard_strategy_is_ot_on_renormalised_weights(reach):
     a2 = a2 * (a.sum() / a2.sum())
     b2 = torch.where(keep_y, b, torch.zeros_like(b))
     b2 = b2 * (b.sum() / b2.sum())
-    hard = SROTLoss(p=2, blur=0.2, reach=reach, strategy="hard", **SOLVE)
-    plain = SROTLoss(p=2, blur=0.2, reach=reach, **SOLVE)
+    hard = SROTLoss(p=2, blur=0.2, reach=reach, strategy="hard", **PLAIN)
+    plain = SROTLoss(p=2, blur=0.2, reach=reach, **PLAIN)
     value = float(hard(a, x, b, y, scores=(s_x, s_y)))
     assert value == pytest.approx(float(plain(a2, x, b2, y)), abs=1e-12)
     # zero weights are the same as removing the points
@@ -161,7 +162,7 @@ def test_soft_strategy_drops_flagged_mass(p):
     a, x, b, y = _small(seed=4)
     s_x, s_y = _scores()
     flag_x, flag_y = s_x > 0.5, s_y < 0.5
-    soft = SROTLoss(p=p, blur=0.1, reach=1.0, strategy="soft", **SOLVE)
+    soft = SROTLoss(p=p, blur=0.1, reach=1.0, strategy="soft", **PLAIN)
     value = soft(a, x, b, y, scores=(s_x, s_y))
     res = soft.last_result
     assert float((res.row_mass / a)[flag_x].max()) < 1e-8
@@ -175,7 +176,7 @@ def test_soft_strategy_drops_flagged_mass(p):
     ref = sinkhorn(x, y, a, b, p=p, eps=0.1**p, penalty="kl", tau=1.0, u=u, v=v, **SOLVE)
     assert float(value) == pytest.approx(float(ref.value), abs=1e-10)
 
-    plain = SROTLoss(p=p, blur=0.1, reach=1.0, **SOLVE)
+    plain = SROTLoss(p=p, blur=0.1, reach=1.0, **PLAIN)
     plain(a, x, b, y)
     assert float((plain.last_result.row_mass / a)[flag_x].min()) > 0.1  # without SROT they are moved
 
@@ -195,29 +196,29 @@ def test_detector_path_equals_scores_path(strategy, reach):
     det = _StubDetector()
     scores = (det.predict_proba(x), det.predict_proba(y))
     assert bool((scores[0] > 0.5).any()) and bool((scores[1] < 0.5).any())
-    with_det = SROTLoss(p=2, blur=0.2, reach=reach, strategy=strategy, detector=det, **SOLVE)(a, x, b, y)
-    with_scores = SROTLoss(p=2, blur=0.2, reach=reach, strategy=strategy, **SOLVE)(a, x, b, y, scores=scores)
+    with_det = SROTLoss(p=2, blur=0.2, reach=reach, strategy=strategy, detector=det, **PLAIN)(a, x, b, y)
+    with_scores = SROTLoss(p=2, blur=0.2, reach=reach, strategy=strategy, **PLAIN)(a, x, b, y, scores=scores)
     assert float(with_det) == pytest.approx(float(with_scores), abs=1e-14)
     # batched: the detector is applied to every item
     X, Y, A, B = x.expand(2, -1, -1), y.expand(2, -1, -1), a.expand(2, -1), b.expand(2, -1)
-    batched = SROTLoss(p=2, blur=0.2, reach=reach, strategy=strategy, detector=det, **SOLVE)(A, X, B, Y)
+    batched = SROTLoss(p=2, blur=0.2, reach=reach, strategy=strategy, detector=det, **PLAIN)(A, X, B, Y)
     torch.testing.assert_close(batched, torch.stack([with_det, with_det]), rtol=0, atol=1e-14)
 
 
 def test_soft_strategy_with_balanced_marginals_warns():
     with pytest.warns(UserWarning, match="soft"):
-        SROTLoss(strategy="soft")
+        SROTLoss(strategy="soft", debias=False)
 
 
 def test_tv_and_partial_through_the_loss():
     """penalty='tv' uses tau = reach**p (duality gap on result.plan()); mass=s moves exactly s."""
     a, x, b, y = _small(seed=5)
-    tv = SROTLoss(p=2, blur=0.2, reach=0.5, penalty="tv", **SOLVE)
+    tv = SROTLoss(p=2, blur=0.2, reach=0.5, penalty="tv", **PLAIN)
     value = tv(a, x, b, y)
     C = torch.from_numpy(cost_np(x, y, 2))
     primal = primal_objective(tv.last_result.plan(), C, a, b, 0.04, "tv", 0.25)
     assert float(value) == pytest.approx(float(primal), abs=1e-8)
-    part = SROTLoss(p=1, blur=0.1, mass=0.6, **SOLVE)
+    part = SROTLoss(p=1, blur=0.1, mass=0.6, **PLAIN)
     value = part(a, x, b, y)
     assert part.last_result.transported_mass == pytest.approx(0.6, abs=1e-8)
     ref = sinkhorn(x, y, a, b, p=1, eps=0.1, mass=0.6, **SOLVE)

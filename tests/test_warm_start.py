@@ -26,7 +26,7 @@ def test_loss_warm_start_flow_matches_cold_flow():
     x, y0 = _problem(1)
     values, iters = {}, {}
     for ws in (False, True):
-        loss = srot_fast.SROTLoss(p=1, blur=0.1, tol=1e-9, max_iter=5000, warm_start=ws)
+        loss = srot_fast.SROTLoss(p=1, blur=0.1, tol=1e-9, max_iter=5000, warm_start=ws, debias=False)
         y = y0.clone().requires_grad_()
         its = 0
         for _ in range(5):
@@ -42,10 +42,10 @@ def test_loss_warm_start_flow_matches_cold_flow():
 
 def test_warm_start_ignores_mismatched_shapes_and_reset():
     x, y = _problem(2)
-    loss = srot_fast.SROTLoss(p=2, blur=0.1, warm_start=True, tol=1e-9, max_iter=5000)
+    loss = srot_fast.SROTLoss(p=2, blur=0.1, warm_start=True, tol=1e-9, max_iter=5000, debias=False)
     loss(x, y)
     v_other = loss(x[:50], y)  # shapes changed: cold start, no error
-    ref = srot_fast.SROTLoss(p=2, blur=0.1, tol=1e-9, max_iter=5000)(x[:50], y)
+    ref = srot_fast.SROTLoss(p=2, blur=0.1, tol=1e-9, max_iter=5000, debias=False)(x[:50], y)
     torch.testing.assert_close(v_other, ref, atol=1e-9, rtol=1e-8)
     loss.reset()
-    assert loss._warm == {}
+    assert loss._warm is None

@@ -1,0 +1,285 @@
+r"""The Sinkhorn iteration itself: eps-scaling, then safeguarded over-relaxed alternating updates.
+
+Everything here works on a batch of B problems at once: potentials are (B, N) / (B, M) tensors, log-weights
+too, and the geometry's soft-min operators take and return batched tensors (one kernel launch per pass for
+the whole batch). Per-problem quantities (marginal error, relaxation factor, "done") are (B,) tensors that
+stay on the device; the host only looks at them every ``check_every`` updates (see :class:`_Checks`).
+
+Updates at the target eps (one "update" = one row pass and one column pass), with relaxation ``omega``:
+    f <- f + omega (A_a(S_x(g)) - f),     g <- g + omega (A_b(S_y(f)) - g).
+omega = 1 is plain Sinkhorn. Over-relaxation (1 < omega < 2) multiplies the speed of the slow,
+smooth modes; its best value depends on the contraction rate theta of plain Sinkhorn, omega* =
+2 / (1 + sqrt(1 - theta)) (Young's SOR theory, which applies to the linearised alternating updates).
+:class:`_Relaxation` estimates theta per problem from the observed decay of the marginal error over
+windows of ``WINDOW`` updates, and guards the choice: a window whose error did not decrease restores
+the potentials of the window's start and halves omega - 1 (and caps it there for good).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from .penalties import Penalty
+
+WINDOW = 8         # updates per relaxation window (rate estimate, safeguard)
+OMEGA_MAX = 1.95   # never relax beyond this (omega -> 2 is the stability limit)
+
+
+@dataclass
+class Solution:
+    """Final state of the loop for B problems."""
+
+    f: torch.Tensor               # (B, N') potentials of the (possibly augmented) problem
+    g: torch.Tensor               # (B, M')
+    s: torch.Tensor               # (B, N') row soft-min at the final g (so pi 1 = a exp((f - s)/eps))
+    t: torch.Tensor               # (B, M') column soft-min at the final f
+    n_iter: torch.Tensor          # (B,) int64 updates spent on each problem (eps-scaling included)
+    marginal_error: torch.Tensor  # (B,) relative L1 marginal error at the end
+    passes: int                   # soft-min passes launched (each covers the whole batch)
+    syncs: int                    # host synchronisations spent on the stopping test
+
+
+def marginal_error(log_a: torch.Tensor, f, s, f_hat, eps: float) -> torch.Tensor:
+    r"""(B,) sum_i a_i |exp((f_i - s_i)/eps) - exp((f_hat_i - s_i)/eps)|: L1 gap between the plan's row marginal
+    and the one the penalty prescribes (|pi 1 - a| when balanced). Computed in float64 from log-weights,
+    so it does not overflow where float32 exponentials would."""
+    la = log_a.double()
+    d1 = la + (f - s).double() / eps
+    d2 = la + (f_hat - s).double() / eps
+    return (d1.exp() - d2.exp()).abs().nan_to_num(nan=0.0).sum(-1)
+
+
+def epsilon_schedule(p: int, diam: float, blur: float, scaling: float) -> list[float]:
+    """eps values from diam**p down to blur**p by factors scaling**p (GeomLoss's schedule)."""
+    if diam <= blur:
+        return [blur**p]
+    steps = torch.arange(p * math.log(diam), p * math.log(blur), p * math.log(scaling), dtype=torch.float64)
+    return [diam**p] + [math.exp(float(e)) for e in steps] + [blur**p]
+
+
+def fit_schedule(eps_list: Sequence[float], budget: int) -> list[float]:
+    """At most ``budget`` (>= 1) values of ``eps_list``, geometrically spread, always ending at the target."""
+    eps_list = list(eps_list)
+    if len(eps_list) <= budget:
+        return eps_list
+    if budget == 1:
+        return eps_list[-1:]
+    idx = torch.linspace(0, len(eps_list) - 1, budget).round().long().tolist()
+    return [eps_list[i] for i in idx]
+
+
+class _Relaxation:
+    """Per-problem relaxation factor omega (B,), adapted every WINDOW updates from the error decay.
+
+    Over-relaxation starts only in the asymptotic regime, where the linearised theory holds: the error is
+    below ``START_ERR`` and two consecutive plain windows decayed at about the same rate. A relaxed
+    window whose error did not decay is undone (the window's start is restored) and omega - 1 is halved;
+    the cap on omega then recovers by a quarter of the way back to OMEGA_MAX per decaying window.
+    """
+
+    START_ERR = 0.1
+
+    def __init__(self, batch: int, like: torch.Tensor, enabled: bool = True):
+        self.enabled = enabled
+        self.omega = like.new_ones(batch, dtype=torch.float64)
+        self.cap = like.new_full((batch,), OMEGA_MAX, dtype=torch.float64)
+        self.prev_rate = like.new_full((batch,), 2.0, dtype=torch.float64)
+        self.best = like.new_full((batch,), math.inf, dtype=torch.float64)
+        self.start_err: Optional[torch.Tensor] = None
+        self.saved = None
+
+    def window_start(self, err: torch.Tensor, state: tuple) -> None:
+        self.start_err, self.saved = err, state
+
+    def window_end(self, err: torch.Tensor, state: tuple, done: torch.Tensor) -> tuple:
+        """Adapt omega from the window's decay; restore the window's start where a relaxed window did not
+        decay. ``state`` holds tensors with a leading batch dimension."""
+        if not self.enabled or self.start_err is None:
+            return state
+        w = self.omega
+        rate = (err / self.start_err.clamp_min(1e-300)).clamp_min(1e-300) ** (1.0 / WINDOW)
+        decayed = rate < 1
+        # relaxed, and the error grew past twice its best value (or NaN): back off. Smaller rises are the
+        # transient of over-relaxation (the fast modes oscillate while the slow ones shrink).
+        bad = ~(err <= 2 * self.best) & ~done & (w > 1)
+        self.best = torch.minimum(self.best, err.nan_to_num(math.inf))
+        # Young: for omega <= omega*, the SOR rate lam satisfies (lam + w - 1)^2 = lam w^2 theta
+        theta = ((rate + w - 1) ** 2 / (rate * w * w)).nan_to_num(0.0).clamp(0.0, 1 - 1e-8)
+        w_new = 2.0 / (1.0 + (1.0 - theta).sqrt())
+        steady = ((1 - rate) / (1 - self.prev_rate)).clamp(0.0, 10.0)
+        start = (w == 1) & decayed & (err < self.START_ERR) & (steady > 0.75) & (steady < 1.33)
+        grow = torch.where(decayed & ((w > 1) | start), torch.maximum(w, w_new), w)
+        # while relaxed, a window's error may rise a little; only decaying windows refine omega
+        backoff = 1.0 + (w - 1.0) / 2
+        self.cap = torch.where(bad, torch.minimum(self.cap, backoff),
+                               torch.where(decayed, self.cap + (OMEGA_MAX - self.cap) / 4, self.cap))
+        self.omega = torch.minimum(torch.where(bad, backoff, grow), self.cap)
+        self.prev_rate = torch.where(decayed, rate, torch.full_like(rate, 2.0))
+        if self.saved is None:
+            return state
+        return tuple(torch.where(bad.reshape(-1, *([1] * (new.dim() - 1))), old, new)
+                     for old, new in zip(self.saved, state))
+
+
+class _Checks:
+    """When the host looks at the (device-side) stopping test: every update on the CPU; on a GPU every
+    ``k`` updates, k chosen from the observed decay so that about two looks are spent per solve."""
+
+    def __init__(self, device: torch.device, check_every: Optional[int]):
+        self.fixed = check_every
+        self.cuda = device.type == "cuda"
+        self.next_at = 0
+        self.syncs = 0
+        self.last = None  # (iteration, max error) at the previous look
+
+    def due(self, it: int) -> bool:
+        return it >= self.next_at
+
+    def looked(self, it: int, err_max: float, tol: float) -> None:
+        self.syncs += 1
+        if self.fixed is not None:
+            k = self.fixed
+        elif not self.cuda:
+            k = 1
+        else:
+            k = 4
+            if self.last is not None and err_max > tol and 0 < err_max < self.last[1]:
+                rate = (err_max / self.last[1]) ** (1.0 / max(it - self.last[0], 1))
+                k = int(min(64, max(4, 0.5 * math.log(tol / err_max) / math.log(rate))))
+        self.last = (it, err_max)
+        self.next_at = it + k
+
+
+def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Sequence[float],
+                tol: Optional[float], max_iter: int, init=None, accelerate: bool = True,
+                check_every: Optional[int] = None) -> Solution:
+    """Solve B problems: eps-scaling (symmetric, averaged, as GeomLoss), then safeguarded over-relaxed
+    alternating updates at the last eps until every problem's relative marginal error is <= tol or
+    ``max_iter`` updates ran in all (eps-scaling included). ``tol=None``: GeomLoss's fixed schedule
+    (eps-scaling, then one simultaneous extrapolation step). ``init=(f0, g0)`` skips eps-scaling."""
+    batch = log_a.shape[0]
+    passes = 0
+    mass_a = log_a.double().exp().sum(-1)
+    if init is not None:
+        eps = eps_list[-1]
+        f, g = init
+        n_done = 0
+    else:
+        budget = max(max_iter, 1) if tol is not None else len(eps_list)
+        eps_list = fit_schedule(eps_list, budget)
+        eps = eps_list[0]
+        f = pen_a.aprox(geom.softmin_x(log_b, eps), eps)
+        g = pen_b.aprox(geom.softmin_y(log_a, eps), eps)
+        passes += 2
+        for eps in eps_list:  # eps-scaling: symmetric, averaged (stable while eps shrinks)
+            ft = pen_a.aprox(geom.softmin_x(log_b + g / eps, eps), eps)
+            gt = pen_b.aprox(geom.softmin_y(log_a + f / eps, eps), eps)
+            f, g = 0.5 * (f + ft), 0.5 * (g + gt)
+            passes += 2
+        n_done = len(eps_list)
+    s = geom.softmin_x(log_b + g / eps, eps)
+    passes += 1
+    # partial OT: exact dual ascent along its drifting direction (part of the acceleration)
+    rebalance = getattr(geom, "rebalance", None) if accelerate else None
+    if rebalance is not None:
+        f, g, s = rebalance(f, g, log_b, eps, log_a)
+    if tol is None:  # GeomLoss's last extrapolation: both potentials from the previous pair
+        t = geom.softmin_y(log_a + f / eps, eps)
+        f, g = pen_a.aprox(s, eps), pen_b.aprox(t, eps)
+        s, t = geom.softmin_x(log_b + g / eps, eps), geom.softmin_y(log_a + f / eps, eps)
+        passes += 3
+        err = marginal_error(log_a, f, s, pen_a.aprox(s, eps), eps) / mass_a
+        n_iter = torch.full((batch,), n_done + 1, dtype=torch.int64, device=f.device)
+        return Solution(f, g, s, t, n_iter, err, passes, 0)
+
+    relax = _Relaxation(batch, f, enabled=accelerate)
+    checks = _Checks(f.device, check_every)
+    done = torch.zeros(batch, dtype=torch.bool, device=f.device)
+    n_iter = torch.full((batch,), n_done, dtype=torch.int64, device=f.device)
+    t = None
+    it = n_done
+    steps = 0  # updates at the target eps (windows are counted in these)
+    while True:
+        f_hat = pen_a.aprox(s, eps)
+        err = marginal_error(log_a, f, s, f_hat, eps) / mass_a
+        done = done | (err <= tol)
+        if it >= max_iter or checks.due(it):
+            finished = it >= max_iter or bool(done.all())
+            checks.looked(it, float(err.max()), tol)
+            if finished:
+                break
+        if steps % WINDOW == 0:
+            if steps > 0:
+                f, g, s, f_hat, err_w = relax.window_end(err, (f, g, s, f_hat, err), done)
+                err = err_w
+            relax.window_start(err, (f, g, s, f_hat, err))
+        omega = torch.where(done, torch.zeros_like(relax.omega), relax.omega).to(f.dtype)[:, None]
+        f = f + omega * (f_hat - f)
+        t = geom.softmin_y(log_a + f / eps, eps)
+        g = g + omega * (pen_b.aprox(t, eps) - g)
+        s = geom.softmin_x(log_b + g / eps, eps)
+        if rebalance is not None:
+            f, g, s = rebalance(f, g, log_b, eps, log_a)
+        passes += 2
+        n_iter += (~done).long()
+        it += 1
+        steps += 1
+    if t is None:  # no update ran: the column soft-min for the final f (g is kept), one pass
+        t = geom.softmin_y(log_a + f / eps, eps)
+        passes += 1
+    return Solution(f, g, s, t, n_iter, err, passes, checks.syncs)
+
+
+def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optional[float], max_iter: int,
+              init=None, check_every: Optional[int] = None) -> Solution:
+    """Self-transport OT(a, a) (x = y, u = v): the optimal f equals g, and the averaged update
+    f <- (f + A(S(f))) / 2 converges fast even where alternating updates crawl (isolated points): it
+    cancels the oscillating constant mode of the symmetric map, and the slow modes of the plain
+    map contract by (1 - lambda) / 2 instead of lambda."""
+    batch = log_a.shape[0]
+    mass_a = log_a.double().exp().sum(-1)
+    passes = 0
+    if init is not None:
+        eps_list = eps_list[-1:]
+        f = init[0]
+    else:
+        if tol is not None:
+            eps_list = fit_schedule(eps_list, max(max_iter, 1))
+        f = pen.aprox(geom.softmin_x(log_a, eps_list[0]), eps_list[0])
+        passes += 1
+    if tol is None:  # GeomLoss's fixed schedule: averaged updates at every eps, then one plain update
+        for eps in eps_list:
+            f = 0.5 * (f + pen.aprox(geom.softmin_x(log_a + f / eps, eps), eps))
+        f = pen.aprox(geom.softmin_x(log_a + f / eps, eps), eps)
+        s = geom.softmin_x(log_a + f / eps, eps)
+        err = marginal_error(log_a, f, s, pen.aprox(s, eps), eps) / mass_a
+        n_iter = torch.full((batch,), len(eps_list) + 1, dtype=torch.int64, device=f.device)
+        return Solution(f, f, s, s, n_iter, err, passes + len(eps_list) + 2, 0)
+    for eps in eps_list[:-1]:
+        f = 0.5 * (f + pen.aprox(geom.softmin_x(log_a + f / eps, eps), eps))
+        passes += 1
+    n_done = len(eps_list) - 1
+    eps = eps_list[-1]
+    checks = _Checks(f.device, check_every)
+    done = torch.zeros(batch, dtype=torch.bool, device=f.device)
+    n_iter = torch.full((batch,), n_done, dtype=torch.int64, device=f.device)
+    it = n_done
+    while True:
+        s = geom.softmin_x(log_a + f / eps, eps)
+        passes += 1
+        f_hat = pen.aprox(s, eps)
+        err = marginal_error(log_a, f, s, f_hat, eps) / mass_a
+        done = done | (err <= tol)
+        if it >= max_iter or checks.due(it):
+            finished = it >= max_iter or bool(done.all())
+            checks.looked(it, float(err.max()), tol)
+            if finished:
+                break
+        half = torch.where(done, torch.zeros_like(err), torch.full_like(err, 0.5)).to(f.dtype)[:, None]
+        f = f + half * (f_hat - f)
+        n_iter += (~done).long()
+        it += 1
+    return Solution(f, f, s, s, n_iter, err, passes, checks.syncs)
