@@ -126,7 +126,8 @@ def test_srotloss_matches_tensorized(backend, case, p):
     out = {}
     for be in ("tensorized", backend):
         x, y, a, b = (t.clone().requires_grad_() for t in (x0, y0, a0, b0))
-        loss = SROTLoss(p=p, blur=0.1, reach=reach, strategy=strategy, backend=be, tol=1e-300, max_iter=ITERS, debias=False)
+        loss = SROTLoss(p=p, blur=0.1, reach=reach, strategy=strategy, backend=be, tol=1e-300, max_iter=ITERS,
+                        debias=False)
         value = loss(a, x, b, y, scores=(s_x, s_y) if strategy else None)
         grads = torch.autograd.grad(value, (x, y, a, b))
         out[be] = (value.detach(), grads, loss.last_result)
