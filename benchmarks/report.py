@@ -71,7 +71,7 @@ def sinkhorn(rows) -> str:
         gl = "geomloss:online"
         lines.append(f"| {n} | " + " | ".join(_fmt(vals.get(c)) for c in cols)
                      + f" | {ratio(gl, 'srot_fast:cpu')} | {ratio(gl, 'srot_fast:keops')} |")
-    out = "seconds per loss + gradient (median)\n\n" + "\n".join(lines) if table else ""
+    out = "seconds per loss + gradient (median; debias off)\n\n" + "\n".join(lines) if table else ""
     if overhead:
         out += "\n\nsoft-offset overhead, backend cpu (seconds; ratio to no offsets)\n\n"
         out += "| n = m | none | soft, gamma fixed | soft, gamma = max C |\n|---|---|---|---|\n"
@@ -88,6 +88,7 @@ def sinkhorn(rows) -> str:
 
 
 def memory(rows) -> str:
+    """Peak RSS before / after one loss + gradient per backend and n (rows of bench_memory.py)."""
     lines = ["| backend | n = m | seconds | RSS before (MiB) | RSS peak (MiB) | growth (MiB) | N x M float32 (MiB) |",
              "|---|---|---|---|---|---|---|"]
     mib = 2.0**20
@@ -97,7 +98,7 @@ def memory(rows) -> str:
         lines.append(f"| {r['backend']} | {r['n']} | {r['seconds']:.1f} | {r['rss_before_bytes'] / mib:.0f} | "
                      f"{r['rss_peak_bytes'] / mib:.0f} | {r['growth_bytes'] / mib:.1f} | "
                      f"{r['dense_nm_float32_bytes'] / mib:.0f} |")
-    return "peak RSS, SROTLoss soft KL p = 1 loss + gradient\n\n" + "\n".join(lines)
+    return "peak RSS, SROTLoss soft KL p = 1 (debias off) loss + gradient\n\n" + "\n".join(lines)
 
 
 def main(paths) -> None:

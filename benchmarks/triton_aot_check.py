@@ -8,15 +8,21 @@ that its shared memory fits the target (227 KiB per block on sm_90), and which c
 the numbers but compiles nothing; a GPU run checks both. What this cannot check: numbers, speed, or errors
 that only show when a kernel runs.
 
-Run: ``python benchmarks/triton_aot_check.py [--jobs 2] [--quick] [--out aot.json]`` (968 compilations,
-~35 min on 2 cores, extrapolated from 762 in 25 min; ``--quick``: the default blocks and the autotune
-candidates at one D per kernel, 276 compilations, ~8 min).
+Each kernel's signature is read from its definition (argument names and which are ``tl.constexpr``), so a
+changed argument list needs no edit here; a configuration that misses or adds a constexpr is an error before
+anything compiles.
+
+Run: ``python benchmarks/triton_aot_check.py [--jobs 2] [--quick | --smoke] [--out aot.json]``. The full run
+compiles 968 configurations (about half an hour on 2 cores); ``--quick`` the default blocks and the autotune
+candidates at one D per kernel (276 configurations, several minutes); ``--smoke`` one configuration per kernel,
+dtype, path and dot precision (17 configurations: a check that every kernel still compiles).
 Exit status 1 if a configuration fails to compile or exceeds the shared memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import re
@@ -37,16 +43,39 @@ SMEM_MAX = 232448  # bytes of shared memory per block on sm_90
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
 
-def _sig(names, dtype, ints, floats=()):
-    """Triton signature: pointers of ``dtype`` except the named ints / scalars."""
-    return {n: "i32" if n in ints else (dtype if n in floats else "*" + dtype) for n in names}
+# runtime arguments that are neither pointers to the input dtype nor int32 (see the launchers)
+_FLOAT_ARGS = {"coinc": "fp32"}  # a Python float: Triton types it float32
+_PTR_DTYPES = {("_plan_argmax_fwd_kernel", "out_ptr"): "i64"}  # int64 indices
+
+
+def _sig(name: str, dtype: str, const: dict) -> dict:
+    """Triton signature of kernel ``name`` of triton_softmin, read from its definition: ``*_ptr`` arguments
+    are pointers to ``dtype`` (except ``_PTR_DTYPES``), ``_FLOAT_ARGS`` scalars, other runtime arguments
+    int32, the ``tl.constexpr`` parameters "constexpr". ValueError unless ``const`` gives exactly the
+    kernel's constexpr parameters."""
+    fn = getattr(T, name)
+    names = list(inspect.signature(fn.fn).parameters)
+    if names != list(fn.arg_names):
+        raise ValueError(f"{name}: signature {names} differs from the JITFunction's arg_names {fn.arg_names}")
+    consts = {names[i] for i in fn.constexprs}
+    if set(const) != consts:
+        raise ValueError(f"{name}: constexpr values given for {sorted(const)}, the kernel has {sorted(consts)}")
+    sig = {}
+    for n in names:
+        if n in consts:
+            sig[n] = "constexpr"
+        elif n.endswith("_ptr"):
+            sig[n] = "*" + _PTR_DTYPES.get((name, n), dtype)
+        else:
+            sig[n] = _FLOAT_ARGS.get(n, "i32")
+    return sig
 
 
 def _compile(job):
     name, sig, const, warps, stages, arch = job
     row = dict(kernel=name, const=const, num_warps=warps, num_stages=stages)
     try:
-        src = ASTSource(fn=getattr(T, name), signature={**sig, **{k: "constexpr" for k in const}}, constexprs=const)
+        src = ASTSource(fn=getattr(T, name), signature=sig, constexprs=const)
         kern = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                               options=dict(num_warps=warps, num_stages=stages))
         row["shared_bytes"] = kern.metadata.shared
@@ -76,18 +105,15 @@ def jobs(quick: bool, arch: int) -> list:
     "tf32x3"."""
     out = []
 
-    def add(name, sig, const, w, s):
-        if name not in _DOT_KERNELS:
-            out.append((name, sig, const, w, s, arch))
-            return
-        out.append((name, sig, {**const, "PREC": "ieee"}, w, s, arch))
-        if const.get("DOT", True) and const["D"] in (64, 300, 3072) and (
-                const["D"] == 64 or "UNIT" in const or name == "_softmin_fwd_kernel"):
-            out.append((name, sig, {**const, "PREC": "tf32x3"}, w, s, arch))
+    def add(name, dtype, const, w, s):
+        consts = [const]
+        if name in _DOT_KERNELS:
+            consts = [{**const, "PREC": "ieee"}]
+            if const.get("DOT", True) and const["D"] in (64, 300, 3072) and (
+                    const["D"] == 64 or "UNIT" in const or name == "_softmin_fwd_kernel"):
+                consts.append({**const, "PREC": "tf32x3"})
+        out.extend((name, _sig(name, dtype, c), c, w, s, arch) for c in consts)
 
-    dot_args = ["x_ptr", "y_ptr", "xx_ptr", "yy_ptr", "h_ptr", "prm_ptr", "out_ptr", "N", "M", "stride_x",
-                "stride_y", "coinc", "SIZE_KEY"]
-    ints = {"N", "M", "stride_x", "stride_y", "SIZE_KEY"}
     # softmin, dot path (float32): autotune candidates, the same blocks at the default 4 warps / 3 stages,
     # the launcher's default and the tests' 16 x 16 x 16
     cand = [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages)
@@ -98,10 +124,9 @@ def jobs(quick: bool, arch: int) -> list:
             if not quick and d in (37, 64):
                 cfgs |= {(bn, bm, bk, 4, 3) for bn, bm, bk, _, _ in cand}
             for bn, bm, bk, w, s in sorted(cfgs):
-                add("_softmin_fwd_kernel", _sig(dot_args, "fp32", ints, {"coinc"}),
+                add("_softmin_fwd_kernel", "fp32",
                     dict(D=d, P=p, DOT=True, FOLD=p == 2, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk), w, s)
     # softmin, small-d path (float32 and float64), both tile orientations
-    small_args = ["xt_ptr", "yt_ptr", "h_ptr", "prm_ptr", "out_ptr", "N", "M", "SIZE_KEY"]
     cand = [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_M"], c.kwargs["TRANS"], c.num_warps, c.num_stages)
             for c in T._CFG_SMALL]
     for dt, dims in (("fp32", (2,) if quick else (1, 2, 3, 20)), ("fp64", (3,) if quick else (2, 3, 20, 70, 300))):
@@ -111,7 +136,7 @@ def jobs(quick: bool, arch: int) -> list:
                 if not quick and dt == "fp32" and d == 3:
                     cfgs |= {(bn, bm, tr, 4, 3) for bn, bm, tr, _, _ in cand}
                 for bn, bm, tr, w, s in sorted(cfgs):
-                    add("_softmin_small_kernel", _sig(small_args, dt, {"N", "M", "SIZE_KEY"}),
+                    add("_softmin_small_kernel", dt,
                         dict(D=d, P=p, TRANS=tr, BLOCK_N=bn, BLOCK_M=bm), w, s)
     # one-pass tl.dot weighted mean (float32, 16 <= BLOCK_D <= 128)
     cand = [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_M"], c.num_warps, c.num_stages) for c in T._CFG_WMEAN_DOT]
@@ -121,11 +146,10 @@ def jobs(quick: bool, arch: int) -> list:
             if not quick:
                 cfgs |= {(bn, bm, 4, 3) for bn, bm, _, _ in cand}
             for bn, bm, w, s in sorted(cfgs):
-                add("_weighted_mean_dot_kernel", _sig(dot_args, "fp32", ints, {"coinc"}),
+                add("_weighted_mean_dot_kernel", "fp32",
                     dict(D=d, P=p, UNIT=unit, BLOCK_N=bn, BLOCK_M=bm, BLOCK_D=max(16, triton.next_power_of_2(d))),
                     w, s)
     # small-d weighted mean (broadcast products), candidates kept by the autotuner's register-tile prune
-    wm_args = ["x_ptr", "y_ptr", "h_ptr", "prm_ptr", "out_ptr", "N", "M", "stride_x", "stride_y", "SIZE_KEY"]
     for dt in ("fp32", "fp64"):
         for d in (2,) if quick else (1, 2, 3, 64):
             bd = max(2, triton.next_power_of_2(d))
@@ -133,30 +157,36 @@ def jobs(quick: bool, arch: int) -> list:
                 cfgs = {(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_M"], c.num_warps, c.num_stages)
                         for c in T._CFG_WMEAN_SMALL if c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_M"] * bd <= 16384}
                 for bn, bm, w, s in sorted(cfgs | {(16, 32, 4, 3), (16, 16, 4, 3)}):
-                    add("_weighted_mean_fwd_kernel", _sig(wm_args, dt, ints),
+                    add("_weighted_mean_fwd_kernel", dt,
                         dict(D=d, P=p, UNIT=unit, BLOCK_N=bn, BLOCK_M=bm, BLOCK_D=bd), w, s)
     # two-pass weighted sum (large D), plan argmax, max |x - y|^2 at their fixed blocks
-    ws_args = ["x_ptr", "y_ptr", "xx_ptr", "yy_ptr", "h_ptr", "lse_ptr", "prm_ptr", "acc_ptr", "wsum_ptr", "N", "M",
-               "stride_x", "stride_y", "coinc"]
-    ints2 = {"N", "M", "stride_x", "stride_y"}
     for dt, dot, d in (("fp32", True, 300), ("fp64", False, 70)) if quick else (
             ("fp32", True, 129), ("fp32", True, 300), ("fp32", True, 3072), ("fp64", False, 70), ("fp64", False, 300)):
         for p, unit in ((1, True), (2, False)):
             for bn, bm, bk in ((64, 64, 32), (16, 16, 16)) if dot else ((16, 16, 16),):
-                add("_weighted_sum_dot_kernel", _sig(ws_args, dt, ints2, {"coinc"}),
+                add("_weighted_sum_dot_kernel", dt,
                     dict(D=d, P=p, UNIT=unit, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, DOT=dot), 4, 3)
-    am_args = ["x_ptr", "y_ptr", "xx_ptr", "yy_ptr", "h_ptr", "prm_ptr", "out_ptr", "N", "M", "stride_x", "stride_y",
-               "coinc"]
-    ms_args = ["x_ptr", "y_ptr", "xx_ptr", "yy_ptr", "out_ptr", "N", "M", "stride_x", "stride_y", "coinc"]
     for dt, dot, d in (("fp32", False, 2), ("fp32", True, 64)) if quick else (
             ("fp32", False, 2), ("fp32", True, 37), ("fp32", True, 64), ("fp64", False, 3), ("fp32", True, 3072)):
         blocks = ((64 if dot else 32, 64, 32), (16, 16, 16))
         for bn, bm, bk in blocks:
             for p in (1, 2):
-                add("_plan_argmax_fwd_kernel", _sig(am_args, dt, ints2, {"coinc"}),
+                add("_plan_argmax_fwd_kernel", dt,
                     dict(D=d, P=p, DOT=dot, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk), 4, 3)
-            add("_max_sq_fwd_kernel", _sig(ms_args, dt, ints2, {"coinc"}),
+            add("_max_sq_fwd_kernel", dt,
                 dict(D=d, DOT=dot, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk), 4, 3)
+    return out
+
+
+def smoke(todo: list) -> list:
+    """The first job of each (kernel, pointer dtype, DOT, PREC) of ``todo``."""
+    seen, out = set(), []
+    for job in todo:
+        name, sig, const = job[:3]
+        key = (name, next(iter(sig.values())), const.get("DOT"), const.get("PREC"))
+        if key not in seen:
+            seen.add(key)
+            out.append(job)
     return out
 
 
@@ -164,10 +194,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100 / H200)")
-    ap.add_argument("--quick", action="store_true")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="default blocks and autotune candidates at one D")
+    mode.add_argument("--smoke", action="store_true", help="one configuration per kernel, dtype, path and precision")
     ap.add_argument("--out", default=None, help="JSON file with one row per configuration")
     args = ap.parse_args(argv)
-    todo = jobs(args.quick, args.arch)
+    todo = jobs(args.quick or args.smoke, args.arch)
+    if args.smoke:
+        todo = smoke(todo)
     print(f"compiling {len(todo)} configurations for sm_{args.arch} with {args.jobs} processes", flush=True)
     with ProcessPoolExecutor(args.jobs) as ex:
         rows = list(ex.map(_compile, todo))

@@ -150,17 +150,19 @@ def cache_dir() -> Path:
 def check_operands(
     x: torch.Tensor, y: torch.Tensor, h=None, p: int = 1, *, allow_empty: bool = False, allow_batch: bool = False
 ) -> Optional[int]:
-    """x (N, D), y (M, D), optional log-weights h (M,), cost exponent p in {1, 2}; ValueError otherwise.
+    """Shape checks of every kernel primitive; returns B for batched operands, None for unbatched ones.
 
-    With ``allow_batch``, x (B, N, D), y (B, M, D), h (B, M) are accepted too (all batched with one B >= 0,
-    or none). Returns B, or None for unbatched operands. ``allow_empty`` allows N = 0 or M = 0.
+    Unbatched: x (N, D), y (M, D), optional log-weights h (M,). With ``allow_batch``, also batched: x (B, N, D),
+    y (B, M, D), h (B, M) with one B >= 0; one batched operand makes all of them batched, and mixing the two is
+    an error. The cost exponent p must be 1 or 2; N = 0 or M = 0 only with ``allow_empty``. Anything else is a
+    ValueError naming the arguments and their shapes.
     """
-    batched = allow_batch and x.dim() == 3
+    hs = "" if h is None else f", h {tuple(h.shape)}"
+    batched = allow_batch and (x.dim() == 3 or y.dim() == 3 or (h is not None and h.dim() == 2))
     if batched:
-        if y.dim() != 3 or (h is not None and h.dim() != 2):
-            hs = "" if h is None else f", h {tuple(h.shape)}"
-            raise ValueError(
-                f"x, y and h must be all unbatched or all batched: x {tuple(x.shape)}, y {tuple(y.shape)}{hs}")
+        if x.dim() != 3 or y.dim() != 3 or (h is not None and h.dim() != 2):
+            raise ValueError("x, y and h must be all unbatched or all batched: x (N, D) | (B, N, D), y (M, D) | "
+                             f"(B, M, D), h (M,) | (B, M) expected, got x {tuple(x.shape)}, y {tuple(y.shape)}{hs}")
         if x.shape[0] != y.shape[0] or x.shape[2] != y.shape[2]:
             raise ValueError(f"x (B, N, D) and y (B, M, D) expected, got {tuple(x.shape)} and {tuple(y.shape)}")
         if h is not None and tuple(h.shape) != (y.shape[0], y.shape[1]):

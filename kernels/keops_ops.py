@@ -44,8 +44,7 @@ import sys
 
 import torch
 
-from . import check_batch
-from ._common import cache_dir
+from ._common import cache_dir, check_operands
 
 __all__ = ["available", "check_cuda", "softmin", "weighted_mean", "plan_argmax", "max_cost"]
 
@@ -143,8 +142,8 @@ def check_cuda(device=None, timeout: float = 900.0) -> None:
 
 
 def _check(x, y, h=None, p=1):
-    """Argument checks; returns whether the operands are batched (see check_batch)."""
-    batched = check_batch(x, y, h, p)
+    """Argument checks; returns whether the operands are batched (see _common.check_operands)."""
+    batched = check_operands(x, y, h, p, allow_batch=True) is not None
     if x.is_cuda:
         check_cuda(x.device)
     return batched

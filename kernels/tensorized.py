@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from . import check_batch
+from ._common import check_operands
 
 __all__ = ["cost_matrix", "softmin", "weighted_mean", "plan_argmax", "max_cost"]
 
@@ -59,7 +59,7 @@ def softmin(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: in
 
     A row whose every ``h_j`` is ``-inf`` gives ``+inf``.
     """
-    check_batch(x, y, h, p, allow_empty=True)
+    check_operands(x, y, h, p, allow_empty=True, allow_batch=True)
     x, y, h = _upcast(x, y, h)
     return -eps * torch.logsumexp(_logits(x, y, h, eps, p), dim=-1)
 
@@ -73,7 +73,7 @@ def weighted_mean(
     ``phi="grad"``: nabla_x C(x_i, y_j) = (x_i - y_j)/|x_i - y_j| for p = 1 (0 where x_i = y_j),
     x_i - y_j for p = 2.
     """
-    check_batch(x, y, h, p, allow_empty=True)
+    check_operands(x, y, h, p, allow_empty=True, allow_batch=True)
     if phi not in ("y", "grad"):
         raise ValueError(f"phi must be 'y' or 'grad', got {phi!r}")
     x, y, h = _upcast(x, y, h)
@@ -90,12 +90,12 @@ def weighted_mean(
 
 def plan_argmax(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int) -> torch.Tensor:
     """(N,) (or (B, N)) int64 index of the largest plan entry in each row: argmax_j (h_j - C_ij / eps)."""
-    check_batch(x, y, h, p, allow_empty=True)
+    check_operands(x, y, h, p, allow_empty=True, allow_batch=True)
     x, y, h = _upcast(x, y, h)
     return _logits(x, y, h, eps, p).argmax(dim=-1)
 
 
 def max_cost(x: torch.Tensor, y: torch.Tensor, p: int) -> torch.Tensor:
     """() (or (B,), one per problem) largest ground cost max_ij C(x_i, y_j)."""
-    check_batch(x, y, None, p, allow_empty=True)
+    check_operands(x, y, None, p, allow_empty=True, allow_batch=True)
     return cost_matrix(x, y, p).amax(dim=(-2, -1))

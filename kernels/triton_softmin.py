@@ -79,7 +79,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import check_batch
+from ._common import check_operands
 
 __all__ = [
     "softmin",
@@ -779,8 +779,8 @@ _LN2 = 0.6931471805599453
 
 
 def _check(x, y, h=None, p=1):
-    """Argument checks of every launcher; returns whether the operands are batched (see check_batch)."""
-    batched = check_batch(x, y, h, p, allow_empty=True)  # empty clouds: refused below, after the dtype checks
+    """Argument checks of every launcher; returns whether the operands are batched (see _common.check_operands)."""
+    batched = check_operands(x, y, h, p, allow_empty=True, allow_batch=True) is not None  # empty: refused below
     if x.dtype not in (torch.float32, torch.float64):
         raise TypeError(f"triton kernels take float32 or float64, got {x.dtype} (the primitives softmin, "
                         "weighted_mean, plan_argmax and max_cost also take float16 / bfloat16)")
