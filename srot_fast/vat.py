@@ -1,4 +1,4 @@
-r"""Power-iteration steps of virtual adversarial training (VAT, SPEC §2) for a binary classifier
+r"""Power-iteration steps of virtual adversarial training (VAT; docs/DESIGN.md, Detector) for a binary classifier
 f(x) = sigmoid(logit(x)).
 
 The adversarial direction is the dominant eigenvector of H, the Hessian at r = 0 of

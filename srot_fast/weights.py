@@ -1,4 +1,4 @@
-r"""SROT reweighting from detector scores (paper §3, SPEC §1).
+r"""SROT reweighting from detector scores (paper §3; docs/DESIGN.md, Problem).
 
 Scores are P(target | point) in [0, 1]: ``s_x`` (N,) for the source points, ``s_y`` (M,) for the
 target points. A source point is an outlier when s_x > 1/2, a target point when s_y < 1/2.

@@ -84,7 +84,9 @@ def test_flow2d_claims(flow2d):
     assert m["SROT soft (partial m=0.9)"]["beta_T_left_at_outliers"] >= 0.05
     assert m["SROT hard"]["beta_T_left_at_outliers"] <= 0.01 < m["OT"]["beta_T_left_at_outliers"]
     det = metrics["results"]["detection"]["vat"]
-    assert det["alpha_outliers_found"] == det["n_alpha_outliers"] and det["alpha_clean_flagged"] == 0
+    # with a margin (one training run is not bit-identical across CPUs); measured: all found, no clean flagged
+    assert det["alpha_outliers_found"] >= 0.9 * det["n_alpha_outliers"]
+    assert det["alpha_clean_flagged"] <= 0.05 * (metrics["config"]["n"] - det["n_alpha_outliers"])
     assert all(c["passed"] for c in metrics["claims"]), [c for c in metrics["claims"] if not c["passed"]]
 
 
@@ -121,7 +123,7 @@ def test_flow_images_claims(flow_images):
     assert near["SROT hard"] <= 0.01 and near["SROT soft (rescaled)"] <= 0.01
     assert near["W"] >= 0.05 and near["Partial OT (m=0.5)"] > 2 * near["W"]
     det = metrics["results"]["detection"]
-    assert det["vat"]["alpha_outliers_found"] == det["vat"]["n_alpha_outliers"]
+    assert det["vat"]["alpha_outliers_found"] >= 0.9 * det["vat"]["n_alpha_outliers"]     # measured: all
     # the paper's CelebA finding: the CE-only classifier misses the outliers, so SROT-CE behaves like W
     assert det["ce"]["alpha_outliers_found"] < det["vat"]["alpha_outliers_found"]
     assert w2["SROT-CE hard"] > w2["SROT hard"]

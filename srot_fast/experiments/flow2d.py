@@ -27,7 +27,7 @@ import torch
 from . import _common
 
 NAME = "flow2d"
-HELP = "2-D gradient flow with 10 % type-II outliers in the data (paper §4, Fig. 3): OT, UOT, partial OT, SROT"
+HELP = "2-D gradient flow with 10 percent type-II outliers in the data (paper §4, Fig. 3): OT, UOT, partial OT, SROT"
 
 DEFAULT_N, DEFAULT_STEPS, DEFAULT_LR, DEFAULT_EVERY = 1000, 400, 0.01, 20
 QUICK_N, QUICK_STEPS, QUICK_EVERY = 300, 60, 10   # quick: lr scaled so that lr * steps is the full run's

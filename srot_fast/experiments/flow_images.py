@@ -42,7 +42,7 @@ from .flow2d import (
 )
 
 NAME = "flow-images"
-HELP = ("high-dimensional gradient flow on real images with 10 % Gaussian outliers (paper §4, CelebA -> "
+HELP = ("high-dimensional gradient flow on real images with 10 percent Gaussian outliers (paper §4, CelebA -> "
         "Fashion-MNIST / MNIST): W, partial OT, SROT")
 
 DATASETS = ("auto", "fashion", "mnist", "digits")

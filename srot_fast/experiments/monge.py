@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 NAME = "monge"
-HELP = "Monge map MNIST -> MNIST-M-like with 15 % MNIST type-II outliers: OT / partial OT / SROT hard / soft"
+HELP = "Monge map MNIST -> MNIST-M-like with 15 percent MNIST type-II outliers: OT / partial OT / SROT hard / soft"
 
 PARTIAL_MASSES = (0.9, 0.85, 0.7, 0.5)      # paper
 PARTIAL_MASSES_QUICK = (0.85,)
@@ -53,8 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--map-steps", type=int, default=None, help="Adam steps of the MLP map (default 600; quick 100)")
     p.add_argument("--map-hidden", type=int, default=256, help="hidden width of the MLP map (default 256)")
     p.add_argument("--epochs", type=int, default=None, help="detector epochs (default 20; quick 8)")
-    p.add_argument("--omega", type=float, default=1e-2,
-                   help="weight of the CE term of the VAT detector (default 1e-2, see docs/DETECTOR.md)")
+    p.add_argument("--omega", type=float, default=None,
+                   help="weight of the CE term of the VAT detector (default: OutlierDetector's, 3e-2 on images; "
+                        "see docs/DETECTOR.md)")
 
 
 # ----------------------------------------------------------------------------------------------------- data
@@ -349,7 +350,7 @@ def run(args) -> dict:
               "n_clean": n_clean, "n_outliers": n_out, "n_target": n_target, "size": size, "dim": xa.shape[1],
               "p": P, "blur": blur, "eps": eps, "median_distance": median, "gamma": gamma,
               "partial_masses": list(masses), "soft_mass": SOFT_MASS, "map_steps": map_steps,
-              "map_hidden": args.map_hidden, "detector_epochs": epochs, "omega": args.omega}
+              "map_hidden": args.map_hidden, "detector_epochs": epochs, "omega": float(det.omega_)}
     timing = {"total_s": timer.read(), "data_s": t_data, "detector_s": round(t_det - t_data, 2),
               "per_method_s": t_methods}
     files_list = [Path(f).name for f in files.values()] + ["metrics.json", "metrics.md"]
