@@ -4,6 +4,7 @@ Public API:
     sinkhorn          log-domain (unbalanced / partial) Sinkhorn with optional soft-cost offsets
     SROTLoss          GeomLoss-style loss module with hard / soft SROT reweighting
     OutlierDetector   VAT (or CE-only) source-vs-target classifier that flags outliers
+    DetectorFileError raised by OutlierDetector.load on a malformed file
     hard_weights, soft_offsets, outlier_masks   SROT reweighting from detector scores
     available_backends
 """
@@ -19,6 +20,7 @@ __all__ = [
     "ConvergenceWarning",
     "SROTLoss",
     "OutlierDetector",
+    "DetectorFileError",
     "hard_weights",
     "soft_offsets",
     "outlier_masks",
@@ -36,4 +38,8 @@ def __getattr__(name):  # lazy: the loss and detector pull in more modules
         from .detector import OutlierDetector
 
         return OutlierDetector
+    if name == "DetectorFileError":
+        from .detector import DetectorFileError
+
+        return DetectorFileError
     raise AttributeError(f"module 'srot_fast' has no attribute {name!r}")

@@ -85,7 +85,7 @@ def check_offsets(o: Optional[torch.Tensor], like: torch.Tensor, name: str) -> O
         raise ValueError(f"{name} must have shape {tuple(like.shape[:-1])}, got {tuple(o.shape)}")
     if not torch.isfinite(o).all():
         raise ValueError(f"{name} contains NaN or inf")
-    return o.to(like.dtype)
+    return o.to(torch.float32 if like.dtype in _HALF_DTYPES else like.dtype)
 
 
 _MAX_MASS = 1e100  # total weight above which |a| |b| and the dual value overflow or lose all precision
@@ -123,6 +123,11 @@ def check_scale(diameter: float, p: int, eps: float, dtype: torch.dtype) -> None
                          "rescale the points (or use float64)")
     if eps >= big / 4:
         raise ValueError(f"eps = {eps:.3g} overflows {dtype}; use a smaller blur / eps")
+    resolution = 10 * torch.finfo(dtype).eps * max(diameter, 1e-300) ** p  # cost differences below this round off
+    if eps < resolution:
+        raise ValueError(f"eps = {eps:.3g} is below what {dtype} resolves for costs up to diameter**p = "
+                         f"{diameter ** p:.3g} (potentials would stall at a false fixed point); use float64 or a "
+                         "larger blur / eps")
 
 
 def check_masses(mass_a: torch.Tensor, mass_b: torch.Tensor, dtype: torch.dtype) -> None:

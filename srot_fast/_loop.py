@@ -138,6 +138,12 @@ class _Checks:
     def due(self, it: int) -> bool:
         return it >= self.next_at
 
+    @staticmethod
+    def look(done: torch.Tensor, err: torch.Tensor) -> tuple[bool, float]:
+        """(all problems done, largest error), read from the device in one synchronisation."""
+        flag, worst = torch.stack([done.all().to(err.dtype), err.max()]).tolist()
+        return bool(flag), worst
+
     def looked(self, it: int, err_max: float, tol: float) -> None:
         self.syncs += 1
         if self.fixed is not None:
@@ -174,6 +180,8 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         f = pen_a.aprox(geom.softmin_x(log_b, eps), eps)
         g = pen_b.aprox(geom.softmin_y(log_a, eps), eps)
         passes += 2
+        if tol is not None and max_iter == 0:  # no update at all: the initial potentials at the target eps
+            eps_list = []
         for eps in eps_list:  # eps-scaling: symmetric, averaged (stable while eps shrinks)
             ft = pen_a.aprox(geom.softmin_x(log_b + g / eps, eps), eps)
             gt = pen_b.aprox(geom.softmin_y(log_a + f / eps, eps), eps)
@@ -207,9 +215,9 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         err = marginal_error(log_a, f, s, f_hat, eps) / mass_a
         done = done | (err <= tol)
         if it >= max_iter or checks.due(it):
-            finished = it >= max_iter or bool(done.all())
-            checks.looked(it, float(err.max()), tol)
-            if finished:
+            finished, err_max = checks.look(done, err)
+            checks.looked(it, err_max, tol)
+            if finished or it >= max_iter:
                 break
         if steps % WINDOW == 0:
             if steps > 0:
@@ -274,9 +282,9 @@ def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optiona
         err = marginal_error(log_a, f, s, f_hat, eps) / mass_a
         done = done | (err <= tol)
         if it >= max_iter or checks.due(it):
-            finished = it >= max_iter or bool(done.all())
-            checks.looked(it, float(err.max()), tol)
-            if finished:
+            finished, err_max = checks.look(done, err)
+            checks.looked(it, err_max, tol)
+            if finished or it >= max_iter:
                 break
         half = torch.where(done, torch.zeros_like(err), torch.full_like(err, 0.5)).to(f.dtype)[:, None]
         f = f + half * (f_hat - f)

@@ -78,8 +78,8 @@ def _add_experiments(sub):
 
     for name in MODULES:
         module = importlib.import_module(f".experiments.{name}", __package__)
-        text = module.HELP.replace("%", "%%")  # argparse %-formats help strings
-        p = sub.add_parser(module.NAME, help=text, description=text)
+        # argparse %-formats the short help of a sub-command, not its description
+        p = sub.add_parser(module.NAME, help=module.HELP.replace("%", "%%"), description=module.HELP)
         _common.add_common(p, f"srot_{module.NAME.replace('-', '_')}_out")
         module.add_arguments(p)
         p.set_defaults(func=_run_experiment(module))

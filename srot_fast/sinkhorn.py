@@ -291,7 +291,7 @@ def sinkhorn(
             of positive weight).
         tol: stop when every problem's relative L1 marginal error is <= tol. ``None``: GeomLoss's fixed
             schedule (one averaged update per eps, then one extrapolation; no stopping test), with GeomLoss's
-            value formula (which equals the dual objective only at convergence).
+            value formula (for probability weights it equals the dual objective at the fixed point).
         max_iter: cap on all updates, eps-scaling included (a longer eps schedule is thinned to fit).
         backend: 'auto' | 'tensorized' | 'cpu' | 'keops' | 'triton' (see srot_fast.backends).
         init: optional warm start (f0, g0) shaped like the potentials, e.g. those of a previous, nearby
@@ -391,13 +391,16 @@ def _solve(x, y, a=None, b=None, *, p, eps, penalty="balanced", tau=None, mass=N
                 init = tuple(torch.cat([t, t.new_zeros(t.shape[0], 1)], -1) for t in init)
             sol = _loop.alternating(PartialGeometry(geom, mass), aa.log(), bb.log(), pen_a, pen_b, eps_list, tol,
                                     max_iter, init, accelerate, check_every)
-            value, ga_aug, gb_aug = _dual_value(aa, bb, sol.f, sol.g, sol.s, sol.t, pen_a, pen_b, eps)
-            ga = ga_aug[:, :-1] + gb_aug[:, -1:]  # b'_M = |a| - s depends on a
-            gb = gb_aug[:, :-1] + ga_aug[:, -1:]
             f, g = sol.f[:, :-1], sol.g[:, :-1]
-            f_hat, g_hat = pen_a.aprox(sol.s, eps)[:, :-1], pen_b.aprox(sol.t, eps)[:, :-1]
             s_real = geom.softmin_x(bd.log() + g / eps, eps)
             t_real = geom.softmin_y(ad.log() + f / eps, eps)
+            # the column soft-min of the augmented problem at the final f (the loop's t may predate the
+            # last rebalancing shift of f), from the real one: no extra pass
+            t_aug = PartialGeometry._augment(t_real, aa.log() + sol.f / eps, eps)
+            value, ga_aug, gb_aug = _dual_value(aa, bb, sol.f, sol.g, sol.s, t_aug, pen_a, pen_b, eps)
+            ga = ga_aug[:, :-1] + gb_aug[:, -1:]  # b'_M = |a| - s depends on a
+            gb = gb_aug[:, :-1] + ga_aug[:, -1:]
+            f_hat, g_hat = pen_a.aprox(sol.s, eps)[:, :-1], pen_b.aprox(t_aug, eps)[:, :-1]
             passes = sol.passes + 2
         else:
             if pen_a.balanced and pen_b.balanced:

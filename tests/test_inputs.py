@@ -310,3 +310,12 @@ def test_double_backward_raises_a_clear_error(backend):
     (g,) = torch.autograd.grad(value, x, create_graph=True)
     with pytest.raises(RuntimeError, match="second-order derivatives"):
         torch.autograd.grad(g.sum(), x)
+
+
+def test_eps_below_the_dtype_resolution_is_refused():
+    """float32 cannot resolve eps = 1e-6 against costs of ~1e4: refuse instead of stopping at a false fixed
+    point with a zero marginal error."""
+    x, y = _pts()
+    with pytest.raises(ValueError, match=r"^eps = 1e-06 is below what torch.float32 resolves"):
+        sinkhorn(x.float() * 100, y.float() * 100, p=2, eps=1e-6)
+    sinkhorn(x * 100, y * 100, p=2, eps=1e-6, max_iter=2, tol=1.0)  # float64 resolves it

@@ -1,0 +1,286 @@
+"""The iteration itself: acceleration, batching, the fixed schedule, caps and defaults.
+
+Reference values come from the same solver run to a much tighter tolerance in float64 (the fixed point
+does not depend on the path: scaling / diameter / acceleration only change how it is reached), from POT
+for plain entropic OT, and from GeomLoss for its fixed schedule.
+"""
+import math
+import warnings
+
+import pytest
+import torch
+from reference import torch_threads
+
+from srot_fast import ConvergenceWarning, SROTLoss, sinkhorn
+
+F64 = torch.float64
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    with torch_threads(1):
+        yield
+
+
+def _gaussians(n=300, d=2, shift=1.0, seed=0, dtype=F64):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g, dtype=dtype)
+    y = torch.randn(n, d, generator=g, dtype=dtype)
+    y[:, 0] += shift
+    return x, y
+
+
+PROBLEMS = {
+    "balanced": dict(),
+    "kl": dict(penalty="kl", tau=1.0),
+    "tv": dict(penalty="tv", tau=1.0),
+    "partial": dict(mass=0.5),
+}
+
+
+# ------------------------------------------------------------------------------------- acceleration
+@pytest.mark.parametrize("problem", list(PROBLEMS))
+@pytest.mark.parametrize("p", [1, 2])
+def test_accelerated_reaches_the_same_fixed_point(problem, p):
+    """Same value as a tightly converged plain solve (to what tol = 1e-6 guarantees), and no more updates
+    than plain Sinkhorn to the same tolerance."""
+    x, y = _gaussians(120)
+    kw = dict(p=p, eps=0.2**p, max_iter=20000, backend="cpu", tol=1e-6, **PROBLEMS[problem])
+    ref = sinkhorn(x, y, accelerate=False, **{**kw, "tol": 1e-10})
+    plain = sinkhorn(x, y, accelerate=False, **kw)
+    fast = sinkhorn(x, y, **kw)
+    assert fast.marginal_error <= 1e-6
+    for res in (plain, fast):
+        assert float(res.value) == pytest.approx(float(ref.value), rel=1e-7, abs=1e-10)
+        torch.testing.assert_close(res.row_mass, ref.row_mass, rtol=1e-4, atol=1e-8)
+    assert fast.n_iter <= plain.n_iter
+
+
+@pytest.mark.parametrize("problem", ["balanced", "kl", "tv"])
+def test_acceleration_pays_where_sinkhorn_crawls(problem):
+    """p = 2, blur 0.05 on two unit Gaussians one apart: plain updates crawl (thousands); the adaptive
+    over-relaxation needs several times fewer. Margin: at least 2.5x (measured 3.5-5x)."""
+    x, y = _gaussians(400)
+    kw = dict(p=2, eps=0.05**2, max_iter=20000, backend="cpu", **PROBLEMS[problem])
+    plain = sinkhorn(x, y, accelerate=False, **kw)
+    fast = sinkhorn(x, y, **kw)
+    assert plain.n_iter > 500
+    assert fast.n_iter * 2.5 <= plain.n_iter
+    assert float(fast.value) == pytest.approx(float(plain.value), rel=1e-5)
+
+
+def test_partial_ot_costs_about_what_balanced_costs():
+    """Entropic partial OT (dummy points) at mass 0.5 needs at most 2x the updates of balanced OT."""
+    x, y = _gaussians(400)
+    kw = dict(p=2, eps=0.05**2, max_iter=20000, backend="cpu")
+    balanced = sinkhorn(x, y, **kw)
+    partial = sinkhorn(x, y, mass=0.5, **kw)
+    assert partial.marginal_error <= 1e-4
+    assert partial.transported_mass == pytest.approx(0.5, rel=1e-3)
+    assert partial.n_iter <= 2 * balanced.n_iter
+
+
+def test_partial_rebalancing_keeps_the_fixed_point():
+    """The dual-ascent step of partial OT only changes the path: same plan as the plain loop run to the
+    same tight tolerance (tolerance: 1e-7 on the L1 distance between plans of mass 0.6)."""
+    x, y = _gaussians(60, seed=3)
+    kw = dict(p=2, eps=0.1, mass=0.6, tol=1e-11, max_iter=100000, backend="tensorized")
+    fast = sinkhorn(x, y, **kw)
+    plain = sinkhorn(x, y, accelerate=False, **kw)
+    assert float(fast.plan().sum()) == pytest.approx(0.6, rel=1e-9)
+    assert float((fast.plan() - plain.plan()).abs().sum()) <= 1e-7
+    assert float(fast.value) == pytest.approx(float(plain.value), rel=1e-9)
+    assert fast.n_iter < plain.n_iter
+
+
+def test_max_iter_caps_every_update():
+    """scaling 0.999 makes a schedule of thousands of eps values: max_iter still caps the updates."""
+    x, y = _gaussians(50)
+    with pytest.warns(ConvergenceWarning):
+        res = sinkhorn(x, y, p=2, scaling=0.999, max_iter=5)
+    assert res.n_iter <= 5 and res.passes <= 2 * 5 + 4
+    with pytest.warns(ConvergenceWarning):
+        assert sinkhorn(x, y, p=2, max_iter=0).n_iter == 0
+
+
+# --------------------------------------------------------------------------------------- batching
+def _ragged():
+    """Three problems of different sizes, padded to (3, 9, 2) / (3, 7, 2) with zero-weight points far away."""
+    g = torch.Generator().manual_seed(5)
+    sizes = [(9, 7), (5, 6), (7, 3)]
+    X = torch.full((3, 9, 2), 100.0, dtype=F64)
+    Y = torch.full((3, 7, 2), 100.0, dtype=F64)
+    A = torch.zeros(3, 9, dtype=F64)
+    B = torch.zeros(3, 7, dtype=F64)
+    items = []
+    for k, (n, m) in enumerate(sizes):
+        x = torch.rand(n, 2, generator=g, dtype=F64)
+        y = torch.rand(m, 2, generator=g, dtype=F64) + 0.3
+        a = torch.rand(n, generator=g, dtype=F64) + 0.5
+        b = torch.rand(m, generator=g, dtype=F64) + 0.5
+        a, b = a / a.sum(), b / b.sum()
+        X[k, :n], Y[k, :m], A[k, :n], B[k, :m] = x, y, a, b
+        items.append((a, x, b, y))
+    return (A, X, B, Y), items
+
+
+@pytest.mark.parametrize("backend", ["tensorized", "cpu"])
+@pytest.mark.parametrize("problem", list(PROBLEMS))
+def test_batched_solve_equals_one_solve_per_problem(backend, problem):
+    (A, X, B, Y), items = _ragged()
+    kw = dict(p=2, eps=0.05, tol=1e-11, max_iter=50000, backend=backend, **PROBLEMS[problem])
+    u = torch.rand(3, 9, dtype=F64, generator=torch.Generator().manual_seed(1)) * 0.1
+    if problem == "partial":
+        kw["mass"] = 0.4
+    res = sinkhorn(X, Y, A, B, u=u, **kw)
+    assert res.value.shape == (3,) and res.n_iter.shape == (3,) and res.marginal_error.shape == (3,)
+    for k, (a, x, b, y) in enumerate(items):
+        one = sinkhorn(x, y, a, b, u=u[k, :x.shape[0]], **kw)
+        assert float(res.value[k]) == pytest.approx(float(one.value), rel=1e-8, abs=1e-12)
+        n, m = x.shape[0], y.shape[0]
+        torch.testing.assert_close(res.row_mass[k, :n], one.row_mass, rtol=1e-6, atol=1e-10)
+        assert float(res.row_mass[k, n:].abs().sum()) == 0.0 and float(res.col_mass[k, m:].abs().sum()) == 0.0
+
+
+@pytest.mark.parametrize("strategy,reach", [(None, None), ("hard", 1.0), ("soft", 1.0)])
+def test_loss_padding_is_neutral(strategy, reach):
+    """A zero-weight padded point at (100, 100) changes neither the value nor the gradient: gamma and the
+    eps-scaling diameter only see points of positive weight."""
+    (A, X, B, Y), items = _ragged()
+    loss = SROTLoss(p=2, blur=0.1, reach=reach, strategy=strategy, tol=1e-10, max_iter=50000)
+    sx = [torch.where(torch.arange(9) < 2, 0.9, 0.1).to(F64) for _ in range(3)]
+    sy = [torch.where(torch.arange(7) < 1, 0.1, 0.9).to(F64) for _ in range(3)]
+    scores = (torch.stack(sx), torch.stack(sy)) if strategy else None
+    Xg = X.clone().requires_grad_()
+    values = loss(A, Xg, B, Y, scores=scores)
+    (grad,) = torch.autograd.grad(values.sum(), Xg)
+    for k, (a, x, b, y) in enumerate(items):
+        n, m = x.shape[0], y.shape[0]
+        xg = x.clone().requires_grad_()
+        sc = (sx[k][:n], sy[k][:m]) if strategy else None
+        one = loss(a, xg, b, y, scores=sc)
+        (g1,) = torch.autograd.grad(one, xg)
+        assert float(values[k]) == pytest.approx(float(one), rel=1e-8, abs=1e-12)
+        torch.testing.assert_close(grad[k, :n], g1, rtol=1e-6, atol=1e-9)
+        assert float(grad[k, n:].abs().sum()) == 0.0
+
+
+def test_batched_loss_keeps_every_problems_diagnostics():
+    (A, X, B, Y), _ = _ragged()
+    loss = SROTLoss(p=2, blur=0.1)
+    loss(A, X, B, Y)
+    res = loss.last_result
+    assert res.n_iter.shape == (3,) and res.marginal_error.shape == (3,)
+    assert bool((res.marginal_error <= loss.tol).all())
+
+
+def test_batched_kernel_calls_are_one_per_pass(monkeypatch):
+    """The soft-min is called once per pass for the whole batch (not once per problem)."""
+    from srot_fast.kernels import tensorized
+
+    calls = []
+    real = tensorized.softmin
+
+    def counting(x, y, h, eps, p):
+        calls.append(x.shape)
+        return real(x, y, h, eps, p)
+
+    monkeypatch.setattr(tensorized, "softmin", counting)
+    (A, X, B, Y), _ = _ragged()
+    res = sinkhorn(X, Y, A, B, p=2, eps=0.05, backend="tensorized")
+    assert len(calls) == res.passes
+    assert all(s[0] == 3 for s in calls)
+
+
+# --------------------------------------------------------------------------- GeomLoss compatibility
+@pytest.mark.parametrize("reach", [None, 1.0])
+@pytest.mark.parametrize("debias", [True, False])
+def test_fixed_schedule_reproduces_geomloss(reach, debias):
+    """tol=None: GeomLoss's eps-scaling, its final extrapolation and its value (measured: equal to ~1e-15)."""
+    geomloss = pytest.importorskip("geomloss")
+    x, y = _gaussians(120, d=3, shift=0.5, seed=2)
+    ref = float(geomloss.SamplesLoss(reach=reach, debias=debias, backend="tensorized")(x, y))
+    loss = SROTLoss(reach=reach, debias=debias, tol=None)
+    assert float(loss(x, y)) == pytest.approx(ref, rel=1e-5)
+    from srot_fast.sinkhorn import epsilon_schedule
+    from srot_fast.geometry import bbox_diameter
+
+    assert loss.last_result.n_iter == len(epsilon_schedule(2, bbox_diameter(x, y), 0.05, 0.5)) + 1
+
+
+def test_default_loss_is_samplesloss_and_converges():
+    """SROTLoss() means geomloss.SamplesLoss(): p = 2, blur 0.05, debiased; on its default problem it
+    converges without a warning, to within 1e-3 of the float64 converged value."""
+    x, y = _gaussians(300, d=2, shift=0.5, seed=4, dtype=torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        value = SROTLoss()(x, y)
+    ref = SROTLoss(tol=1e-6, max_iter=100000)(x.double(), y.double())
+    assert float(value) == pytest.approx(float(ref), rel=1e-3)
+    loss = SROTLoss("sinkhorn", p=2, blur=0.05, scaling=0.5, debias=True, backend="online")
+    assert float(loss(x, y)) == pytest.approx(float(ref), rel=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_inputs(dtype):
+    """float16 / bfloat16 points are computed in float32: value in the input dtype, within the input's
+    rounding of the float64 value, gradients in the input dtype."""
+    x, y = _gaussians(100, d=4, shift=0.5, seed=6)
+    ref = float(SROTLoss(p=2, blur=0.2)(x, y))
+    xh = x.to(dtype).requires_grad_()
+    value = SROTLoss(p=2, blur=0.2)(xh, y.to(dtype))
+    assert value.dtype == dtype
+    tol = 1e-2 if dtype == torch.bfloat16 else 2e-3
+    assert float(value) == pytest.approx(ref, rel=tol)
+    (g,) = torch.autograd.grad(value, xh)
+    assert g.dtype == dtype and torch.isfinite(g.float()).all()
+
+
+def test_check_every_spaces_the_host_checks():
+    x, y = _gaussians(100)
+    every = sinkhorn(x, y, p=2, eps=0.01, backend="cpu")
+    sparse = sinkhorn(x, y, p=2, eps=0.01, backend="cpu", check_every=10)
+    assert sparse.syncs < every.syncs
+    assert sparse.marginal_error <= 1e-4
+    assert sparse.n_iter >= every.n_iter and sparse.n_iter <= every.n_iter + 10
+    with pytest.raises(ValueError, match=r"^check_every must be"):
+        sinkhorn(x, y, check_every=0)
+
+
+def test_value_is_unchanged_by_the_stopping_check_rate():
+    x, y = _gaussians(80)
+    a = sinkhorn(x, y, p=1, eps=0.02, tol=1e-9, max_iter=10000, check_every=7)
+    b = sinkhorn(x, y, p=1, eps=0.02, tol=1e-9, max_iter=10000)
+    assert math.isclose(float(a.value), float(b.value), rel_tol=1e-8)
+
+
+def test_partial_value_is_second_order_in_the_marginal_error():
+    """The value uses the column soft-min at the final (rebalanced) f: at tol 1e-3 it is within 1e-6 of
+    the converged value (a stale column soft-min made it first order: ~1e-5)."""
+    x, y = _gaussians(150, seed=7)
+    kw = dict(p=2, eps=0.01, mass=0.6, backend="cpu", max_iter=50000)
+    ref = sinkhorn(x, y, tol=1e-10, **kw)
+    loose = sinkhorn(x, y, tol=1e-3, **kw)
+    assert float(loose.value) == pytest.approx(float(ref.value), rel=1e-6)
+
+
+def test_fixed_schedule_debiased_unbalanced_with_unequal_masses_matches_geomloss():
+    geomloss = pytest.importorskip("geomloss")
+    x, y = _gaussians(80, d=2, shift=0.5, seed=8)
+    a = torch.full((80,), 1.3 / 80, dtype=F64)
+    b = torch.full((80,), 1 / 80, dtype=F64)
+    ref = float(geomloss.SamplesLoss(reach=0.7, backend="tensorized")(a, x, b, y))
+    assert float(SROTLoss(reach=0.7, tol=None)(a, x, b, y)) == pytest.approx(ref, rel=1e-8)
+
+
+def test_half_precision_soft_strategy():
+    """Offsets up to gamma / ce_floor and gamma itself are built in float32 for half inputs."""
+    x, y = _gaussians(60, d=2, shift=0.5, seed=9)
+    s_x = torch.full((60,), 0.2, dtype=F64)
+    s_x[0] = 1 - 1e-7
+    s_y = torch.full((60,), 0.8, dtype=F64)
+    loss = SROTLoss(p=2, blur=2.0, reach=10.0, strategy="soft", debias=False)  # offsets ~ 1e9 overflow float16
+    ref = float(loss(x * 10, y * 10, scores=(s_x, s_y)))
+    value = loss((x * 10).half(), (y * 10).half(), scores=(s_x, s_y))
+    assert value.dtype == torch.float16 and math.isfinite(float(value))
+    assert float(value) == pytest.approx(ref, rel=1e-2)
