@@ -202,8 +202,8 @@ def test_fixed_schedule_reproduces_geomloss(reach, debias):
     ref = float(geomloss.SamplesLoss(reach=reach, debias=debias, backend="tensorized")(x, y))
     loss = SROTLoss(reach=reach, debias=debias, tol=None)
     assert float(loss(x, y)) == pytest.approx(ref, rel=1e-5)
-    from srot_fast.sinkhorn import epsilon_schedule
     from srot_fast.geometry import bbox_diameter
+    from srot_fast.sinkhorn import epsilon_schedule
 
     assert loss.last_result.n_iter == len(epsilon_schedule(2, bbox_diameter(x, y), 0.05, 0.5)) + 1
 
