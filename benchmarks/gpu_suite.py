@@ -1,4 +1,4 @@
-"""One script for a CUDA machine (issue 3, item 5): GPU tests, primitive and SROTLoss benchmarks, the
+"""One script for a CUDA machine: GPU tests, primitive and SROTLoss benchmarks, the
 large-d Triton path, flash-sinkhorn, and a 100k-point 2-D gradient flow; one JSON results file.
 
 Sections (``--sections``, comma-separated; all by default), each with its own wall-time budget, each
@@ -21,7 +21,9 @@ that a run cut short still leaves what it measured:
                   and "tf32x3", forward-only times and one pass of each primitive -- flash-sinkhorn is
                   skipped with the reason when not importable;
 - ``flow``:       a 2-D gradient flow of ``--flow-n`` (100k) points for ``--flow-steps`` (400) steps of
-                  x <- x - lr * grad / a with SROTLoss(p=2, blur=0.05); stops at its budget and extrapolates;
+                  x <- x - lr * grad / a with SROTLoss(p=2, blur=0.05, debias=False): GeomLoss's pass budget
+                  per step, or with ``--flow-tol`` each step solved to that tolerance (warm-started), with
+                  the updates, kernel passes and host syncs per solve; stops at its budget and extrapolates;
 - ``keops_diag``: KeOps' health check, the CUDA libraries it can see and a one-formula probe in a subprocess
                   (with a gdb backtrace if it crashes and gdb is there): why KeOps segfaulted on the H200 image.
 
@@ -31,13 +33,11 @@ subsets), to check that the script works end to end without a GPU: ~2-4 minutes 
 On a device machine that cannot reach PyPI, flash-sinkhorn is installed from a wheel carried along:
 ``pip download flash-sinkhorn --no-deps -d benchmarks/wheels`` here, then ``--wheels benchmarks/wheels``.
 
-Run: ``python benchmarks/gpu_suite.py --out results/gpu_suite.json`` (GPU) or
-``python benchmarks/gpu_suite.py --dry-run --out /tmp/gpu_suite_dry.json``. With the default budgets all
-sections take up to ~18 minutes; to fit 10-minute device calls, run two:
+Run: ``python benchmarks/gpu_suite.py --out benchmarks/out/gpu_suite.json`` (GPU) or
+``python benchmarks/gpu_suite.py --dry-run --out benchmarks/out/gpu_suite_dry.json``. With the default budgets
+all sections take up to ~18 minutes; to fit 10-minute device calls, run two:
 ``--sections env,tests,flow,flash`` (~9 min: tests 300 s, flow 120 s, flash ~100 s of which ~50 s are
 flash-sinkhorn's own compilation and autotuning) and ``--sections env,large_d,primitives,sinkhorn`` (~8 min).
-What the 2026-11-26 H200 calls used: ``--sections env,tests,flow,flash,sinkhorn --sinkhorn-sizes 16384
---budget-tests 110 --budget-flash 60 --budget-flow 75 --budget-bench 60`` (6 minutes; the tests did not finish).
 """
 
 from __future__ import annotations
@@ -329,7 +329,7 @@ def section_flash(args) -> dict:
                                  ("srot_max_iter_L_plus_1", n_eps + 1, "ieee")):
             with _env(SROT_TRITON_DOT_PRECISION=prec):
                 loss = SROTLoss(p=2, blur=blur, scaling=0.5, diameter=diam, backend=backend, tol=1e-30,
-                                max_iter=iters)
+                                max_iter=iters, debias=False)
                 res[key] = _timeit(_srot_loss_grad(loss, x, y), budget_s=args.budget_flash / 6)
                 res[key].update(n_iter=loss.last_result.n_iter, precision=prec)
                 res[key]["value"] = float(loss(x, y))
@@ -424,9 +424,13 @@ def section_flow(args) -> dict:
     x = 0.3 * torch.randn(n, 2, generator=g)  # a blob
     x, y = x.to(device), y.to(device)
     iters = len(epsilon_schedule(2, bbox_diameter(x, y), 0.05, 0.5))  # 2 L + 4 passes, GeomLoss's count
-    loss = SROTLoss(p=2, blur=0.05, scaling=0.5, backend="auto", tol=1e-30, max_iter=iters)
+    if args.flow_tol:  # each step solved to tol, warm-started from the previous step's potentials
+        loss = SROTLoss(p=2, blur=0.05, scaling=0.5, backend="auto", tol=args.flow_tol, max_iter=2000,
+                        debias=False, warm_start=True)
+    else:
+        loss = SROTLoss(p=2, blur=0.05, scaling=0.5, backend="auto", tol=1e-30, max_iter=iters, debias=False)
     lr = 0.05
-    times, n_iters = [], []
+    times, n_iters, passes, syncs, errors = [], [], [], [], []
     start = time.perf_counter()
     failure = None
     with warnings.catch_warnings():
@@ -446,6 +450,9 @@ def section_flow(args) -> dict:
             _sync()
             times.append(time.perf_counter() - t)
             n_iters.append(loss.last_result.n_iter)
+            passes.append(loss.last_result.passes)
+            syncs.append(loss.last_result.syncs)
+            errors.append(loss.last_result.marginal_error)
             if time.perf_counter() - start > args.budget_flow:
                 break
     done = len(times)
@@ -458,6 +465,8 @@ def section_flow(args) -> dict:
                 seconds_without_first=sum(rest),
                 backend=loss.last_result.backend,
                 seconds_per_step_median=sorted(times)[done // 2], n_iter_mean=sum(n_iters) / done,
+                tol=args.flow_tol, passes_mean=sum(passes) / done, syncs_mean=sum(syncs) / done,
+                syncs_max=max(syncs), marginal_error_max=max(errors), n_iter_max=max(n_iters),
                 extrapolated_seconds_for_all_steps=(times[0] + sum(rest) / max(len(rest), 1) * (steps - 1)
                                                     if rest else total * steps),
                 final_mean_radius=float(x.norm(dim=1).mean()), triton_tuned_configs=_tuned_configs())
@@ -492,7 +501,7 @@ def section_keops_diag(args) -> dict:
 # ------------------------------------------------------------------------------------------------- main
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    default_out = Path(os.environ.get("OUT") or ROOT / "benchmarks" / "results") / "gpu_suite.json"
+    default_out = Path(os.environ.get("OUT") or ROOT / "benchmarks" / "out") / "gpu_suite.json"
     ap.add_argument("--out", default=str(default_out), help="results file (default: $OUT/gpu_suite.json if set)")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, TRITON_INTERPRET=1: checks the script")
     ap.add_argument("--sections", default=",".join(SECTIONS))
@@ -502,6 +511,7 @@ def main(argv=None) -> int:
     ap.add_argument("--flash-n", type=int, default=50000)
     ap.add_argument("--flow-n", type=int, default=100000)
     ap.add_argument("--flow-steps", type=int, default=400)
+    ap.add_argument("--flow-tol", type=float, default=None, help="solve each flow step to this tolerance")
     ap.add_argument("--flash-tf32", action="store_true", help="also time flash-sinkhorn with its TF32 default")
     ap.add_argument("--wheels", default=None, help="folder with a flash_sinkhorn wheel to pip install (offline)")
     ap.add_argument("--logdir", default=None, help="subprocess output and the tests' JUnit XML (default: beside --out)")

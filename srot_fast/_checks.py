@@ -123,7 +123,7 @@ def check_scale(diameter: float, p: int, eps: float, dtype: torch.dtype) -> None
                          "rescale the points (or use float64)")
     if eps >= big / 4:
         raise ValueError(f"eps = {eps:.3g} overflows {dtype}; use a smaller blur / eps")
-    resolution = 10 * torch.finfo(dtype).eps * max(diameter, 1e-300) ** p  # cost differences below this round off
+    resolution = torch.finfo(dtype).eps * max(diameter, 1e-300) ** p  # the rounding error of the largest costs
     if eps < resolution:
         raise ValueError(f"eps = {eps:.3g} is below what {dtype} resolves for costs up to diameter**p = "
                          f"{diameter ** p:.3g} (potentials would stall at a false fixed point); use float64 or a "
