@@ -284,3 +284,11 @@ def test_half_precision_soft_strategy():
     value = loss((x * 10).half(), (y * 10).half(), scores=(s_x, s_y))
     assert value.dtype == torch.float16 and math.isfinite(float(value))
     assert float(value) == pytest.approx(ref, rel=1e-2)
+
+
+def test_default_loss_in_high_dimension_float32():
+    """GeomLoss's default problem at d = 64 in float32 (costs up to ~1e3 at eps = 2.5e-3) is accepted."""
+    x, y = _gaussians(200, d=64, shift=0.5, seed=10, dtype=torch.float32)
+    value = SROTLoss()(x, y)
+    ref = SROTLoss(tol=1e-5, max_iter=20000)(x.double(), y.double())
+    assert float(value) == pytest.approx(float(ref), rel=1e-3)
