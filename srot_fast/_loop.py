@@ -26,6 +26,7 @@ from .penalties import Penalty
 
 WINDOW = 8         # updates per relaxation window (rate estimate, safeguard)
 OMEGA_MAX = 1.95   # never relax beyond this (omega -> 2 is the stability limit)
+COMPACT_MIN = 4    # batches of at least this many problems drop their finished half (see _compact)
 
 
 @dataclass
@@ -91,6 +92,15 @@ class _Relaxation:
         self.start_err: Optional[torch.Tensor] = None
         self.saved = None
 
+    def subset(self, idx: torch.Tensor) -> "_Relaxation":
+        """The state of problems ``idx`` (a smaller batch goes on with what was learnt about omega)."""
+        out = _Relaxation.__new__(_Relaxation)
+        out.enabled = self.enabled
+        out.omega, out.cap, out.prev_rate, out.best = (t[idx] for t in (self.omega, self.cap, self.prev_rate,
+                                                                          self.best))
+        out.start_err, out.saved = None, None
+        return out
+
     def window_start(self, err: torch.Tensor, state: tuple) -> None:
         self.start_err, self.saved = err, state
 
@@ -139,10 +149,10 @@ class _Checks:
         return it >= self.next_at
 
     @staticmethod
-    def look(done: torch.Tensor, err: torch.Tensor) -> tuple[bool, float]:
-        """(all problems done, largest error), read from the device in one synchronisation."""
-        flag, worst = torch.stack([done.all().to(err.dtype), err.max()]).tolist()
-        return bool(flag), worst
+    def look(done: torch.Tensor, err: torch.Tensor) -> tuple[int, float]:
+        """(number of problems done, largest error), read from the device in one synchronisation."""
+        count, worst = torch.stack([done.sum().to(err.dtype), err.max()]).tolist()
+        return int(count), worst
 
     def looked(self, it: int, err_max: float, tol: float) -> None:
         self.syncs += 1
@@ -161,7 +171,7 @@ class _Checks:
 
 def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Sequence[float],
                 tol: Optional[float], max_iter: int, init=None, accelerate: bool = True,
-                check_every: Optional[int] = None) -> Solution:
+                check_every: Optional[int] = None, relax: Optional["_Relaxation"] = None) -> Solution:
     """Solve B problems: eps-scaling (symmetric, averaged, as GeomLoss), then safeguarded over-relaxed
     alternating updates at the last eps until every problem's relative marginal error is <= tol or
     ``max_iter`` updates ran in all (eps-scaling included). ``tol=None``: GeomLoss's fixed schedule
@@ -203,7 +213,7 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         n_iter = torch.full((batch,), n_done + 1, dtype=torch.int64, device=f.device)
         return Solution(f, g, s, t, n_iter, err, passes, 0)
 
-    relax = _Relaxation(batch, f, enabled=accelerate)
+    relax = _Relaxation(batch, f, enabled=accelerate) if relax is None else relax
     checks = _Checks(f.device, check_every)
     done = torch.zeros(batch, dtype=torch.bool, device=f.device)
     n_iter = torch.full((batch,), n_done, dtype=torch.int64, device=f.device)
@@ -215,10 +225,13 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         err = marginal_error(log_a, f, s, f_hat, eps) / mass_a
         done = done | (err <= tol)
         if it >= max_iter or checks.due(it):
-            finished, err_max = checks.look(done, err)
+            n_fin, err_max = checks.look(done, err)
             checks.looked(it, err_max, tol)
-            if finished or it >= max_iter:
+            if n_fin == batch or it >= max_iter:
                 break
+            if batch >= COMPACT_MIN and 2 * n_fin >= batch and steps > 0:  # the rest as a smaller batch
+                return _compact(geom, log_a, log_b, pen_a, pen_b, eps, tol, max_iter - it, relax,
+                                check_every, done, f, g, s, t, n_iter, err, passes, checks.syncs)
         if steps % WINDOW == 0:
             if steps > 0:
                 f, g, s, f_hat, err_w = relax.window_end(err, (f, g, s, f_hat, err), done)
@@ -239,6 +252,19 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         t = geom.softmin_y(log_a + f / eps, eps)
         passes += 1
     return Solution(f, g, s, t, n_iter, err, passes, checks.syncs)
+
+
+def _compact(geom, log_a, log_b, pen_a, pen_b, eps, tol, budget, relax, check_every, done, f, g, s, t,
+             n_iter, err, passes, syncs) -> Solution:
+    """Finish the problems not yet ``done`` as a batch of their own (warm-started at their potentials), so
+    that finished problems stop costing kernel work; then put the results back in place."""
+    idx = (~done).nonzero()[:, 0]
+    sub = alternating(geom.subset(idx), log_a[idx], log_b[idx], pen_a, pen_b, [eps], tol, budget,
+                      (f[idx], g[idx]), relax.enabled, check_every, relax.subset(idx))
+    f, g, s, t, err, n_iter = f.clone(), g.clone(), s.clone(), t.clone(), err.clone(), n_iter.clone()
+    f[idx], g[idx], s[idx], t[idx], err[idx] = sub.f, sub.g, sub.s, sub.t, sub.marginal_error
+    n_iter[idx] += sub.n_iter
+    return Solution(f, g, s, t, n_iter, err, passes + sub.passes, syncs + sub.syncs)
 
 
 def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optional[float], max_iter: int,
@@ -282,9 +308,9 @@ def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optiona
         err = marginal_error(log_a, f, s, f_hat, eps) / mass_a
         done = done | (err <= tol)
         if it >= max_iter or checks.due(it):
-            finished, err_max = checks.look(done, err)
+            n_fin, err_max = checks.look(done, err)
             checks.looked(it, err_max, tol)
-            if finished or it >= max_iter:
+            if n_fin == batch or it >= max_iter:
                 break
         half = torch.where(done, torch.zeros_like(err), torch.full_like(err, 0.5)).to(f.dtype)[:, None]
         f = f + half * (f_hat - f)

@@ -65,6 +65,12 @@ class Geometry:
         out = self.ops.softmin(self.y, self.x, h, eps, self.p)
         return out if self.v is None else out + self.v
 
+    def subset(self, idx: torch.Tensor) -> "Geometry":
+        """The problems ``idx`` (int64 (K,)) of the batch, as a geometry of their own."""
+        u = None if self.u is None else self.u[idx]
+        v = None if self.v is None else self.v[idx]
+        return Geometry(self.ops, self.x[idx], self.y[idx], self.p, u, v)
+
     def transposed(self) -> "Geometry":
         return Geometry(self.ops, self.y, self.x, self.p, self.v, self.u)
 
@@ -84,6 +90,9 @@ class PartialGeometry:
         self.mass = mass
         self.batch, self.n, self.m = geom.batch, geom.n + 1, geom.m + 1
         self._last_real = None  # (B, N) real-vs-real part of the last softmin_x
+
+    def subset(self, idx: torch.Tensor) -> "PartialGeometry":
+        return PartialGeometry(self.real.subset(idx), self.mass)
 
     @staticmethod
     def _augment(real, h: torch.Tensor, eps: float) -> torch.Tensor:
