@@ -1,4 +1,4 @@
-"""Gradients of the loss value (envelope theorem, SPEC §3) against finite differences, float64.
+"""Gradients of the loss value (envelope theorem, docs/DESIGN.md, Gradients) against finite differences, float64.
 
 The value is a Sinkhorn fixed point solved to a relative marginal error of 1e-13, so the finite
 differences of ``torch.autograd.gradcheck`` (step 1e-6) carry ~1e-7 of solver noise: gradcheck's
@@ -7,7 +7,7 @@ The configuration grid uses gradcheck's ``fast_mode`` (random projections u^T J 
 difference per input instead of one per entry; it still fails on a 1e-3 error in a single entry of
 the weight gradient, checked by mutation while writing these tests); two configurations are also
 checked entry by entry.
-GeomLoss is not used as a gradient reference (its unbalanced point gradients are off, SPEC §3).
+GeomLoss is not used as a gradient reference (its unbalanced point gradients are off, see docs/DESIGN.md, Gradients).
 """
 import math
 

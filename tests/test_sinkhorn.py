@@ -132,7 +132,7 @@ def test_fixed_point_equations(penalty, tau, p):
 @pytest.mark.parametrize("p", [1, 2])
 @pytest.mark.parametrize("tau", [(1.0, 0.5), (0.3, 2.0)], ids=str)
 def test_soft_offsets_are_kl_target_reweighting(tau, p):
-    r"""SPEC §3: with KL penalties, the cost C + u + v with targets a, b and reference a x b equals
+    r"""docs/DESIGN.md, Problem: with KL penalties, the cost C + u + v with targets a, b and reference a x b equals
     UOT with cost C, targets a~ = a e^{-u/tau_a}, b~ = b e^{-v/tau_b}, reference still a x b.
 
     Derivation: <u, pi 1> + tau_a KL(pi 1 | a) = tau_a KL(pi 1 | a~) + tau_a (|a| - |a~|). POT ties the
