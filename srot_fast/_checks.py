@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import math
-from typing import Optional
+import numbers
+from typing import Optional, Tuple
 
 import torch
 
@@ -171,3 +172,95 @@ def pair_of(value, name: str, allow_inf: bool = True) -> tuple[float, float]:
         return (check_positive(value[0], f"{name}[0]", allow_inf), check_positive(value[1], f"{name}[1]", allow_inf))
     v = check_positive(value, name, allow_inf)
     return v, v
+
+
+def check_number(value, name: str, positive: bool) -> float:
+    """float(value), finite and > 0 (positive=True) or >= 0, else ValueError naming ``name``."""
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(out) or out < 0 or (positive and out == 0):
+        raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
+    return out
+
+
+def positive_int(value, name: str, allow_none: bool) -> Optional[int]:
+    """An int >= 1 (or None when ``allow_none``), else ValueError naming ``name``."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be {'None or ' if allow_none else ''}a positive int, got {value!r}")
+    return value
+
+
+def check_int(value, name: str, minimum: int) -> int:
+    """An int >= minimum: TypeError for anything that is not an int (bool and float too), ValueError below."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_fraction(value, name: str, closed: bool = False) -> float:
+    """A real number in [0, 1) — [0, 1] when ``closed`` — as a float; a one-element real tensor is accepted.
+    TypeError for non-numbers (bool, str, None, ...), ValueError outside the interval (NaN too)."""
+    interval = "[0, 1]" if closed else "[0, 1)"
+    if torch.is_tensor(value) and value.numel() == 1 and not value.dtype.is_complex and value.dtype != torch.bool:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number in {interval}, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not (0.0 <= value <= 1.0 if closed else 0.0 <= value < 1.0):
+        raise ValueError(f"{name} must be in {interval}, got {value}")
+    return value
+
+
+def check_probabilities(s, name: str) -> torch.Tensor:
+    """A 1-D tensor of probabilities in [0, 1] (a detector's P(target) per point)."""
+    if not torch.is_tensor(s):
+        raise TypeError(f"{name} must be a torch.Tensor of probabilities, got {type(s).__name__}")
+    if s.dim() != 1:
+        raise ValueError(f"{name} must be 1-D (one probability per point), got shape {tuple(s.shape)}")
+    if not torch.isfinite(s).all() or (s < 0).any() or (s > 1).any():
+        raise ValueError(f"{name} must hold probabilities in [0, 1] (P(target) per point)")
+    return s
+
+
+def check_critic_outputs(d, name: str) -> torch.Tensor:
+    """Floating critic outputs of shape (B,) or (B, 1), B >= 1, returned as (B,)."""
+    if not torch.is_tensor(d):
+        raise TypeError(f"{name} must be a torch.Tensor of critic outputs, got {type(d).__name__}")
+    if d.dim() == 2 and d.shape[1] == 1:
+        d = d[:, 0]
+    if d.dim() != 1 or d.shape[0] == 0:
+        raise ValueError(f"{name} must have shape (B,) or (B, 1) with B >= 1, got {tuple(d.shape)}")
+    if not d.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {d.dtype}")
+    return d
+
+
+def check_points_or_images(t, name: str, shape: Optional[Tuple[int, ...]] = None) -> torch.Tensor:
+    """(N, D) points or (N, C, H, W) images, finite floats (the detector's inputs); with ``shape`` (the fitted
+    per-point shape) also accept (N, prod(shape)) flattened images and return them reshaped."""
+    if not torch.is_tensor(t):
+        raise TypeError(f"{name} must be a torch.Tensor of shape (num_points, dim) or (num_images, C, H, W), "
+                        f"got {type(t).__name__}")
+    if t.dim() not in (2, 4):
+        raise ValueError(f"{name} must be 2-D (num_points, dim) or 4-D (num_images, C, H, W), got shape "
+                         f"{tuple(t.shape)}")
+    if t.shape[0] == 0 or t[0].numel() == 0:
+        raise ValueError(f"{name} must hold at least one point of dimension >= 1, got shape {tuple(t.shape)}")
+    if not t.dtype.is_floating_point:
+        raise ValueError(f"{name} must have a floating dtype, got {t.dtype}")
+    if shape is not None and tuple(t.shape[1:]) != tuple(shape):
+        if len(shape) == 3 and t.dim() == 2 and t.shape[1] == math.prod(shape):
+            t = t.reshape((t.shape[0],) + tuple(shape))
+        else:
+            raise ValueError(f"{name} has dimension {tuple(t.shape[1:])} per point but the detector was fitted "
+                             f"on dimension {tuple(shape)}" + (" (flattened images are accepted too)"
+                                                               if len(shape) == 3 else ""))
+    if not torch.isfinite(t).all():
+        raise ValueError(f"{name} contains NaN or inf values")
+    return t

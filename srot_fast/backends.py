@@ -1,4 +1,4 @@
-"""Backend resolution: a name -> the module implementing the kernel primitives of SPEC §4.
+"""Backend resolution: a name -> the module implementing the kernel primitives (docs/DESIGN.md, Kernel primitive).
 
 =============  ======================================================  ==================
 backend        implementation (srot_fast.kernels.*)                    memory

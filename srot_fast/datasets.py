@@ -11,10 +11,11 @@ Points are drawn in float64 and cast to ``dtype``, so float32 and float64 data a
 from __future__ import annotations
 
 import math
-import numbers
 from typing import NamedTuple
 
 import torch
+
+from . import _checks
 
 __all__ = ["Toy2D", "Flow2D", "make_toy_2d", "make_flow_2d"]
 
@@ -43,28 +44,6 @@ class Flow2D(NamedTuple):
     beta0: torch.Tensor
 
 
-def _check_int(value, name: str, minimum: int) -> int:
-    """An int >= minimum: TypeError for anything that is not an int (bool and float too), ValueError below."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _check_fraction(value, name: str) -> float:
-    """A real number in [0, 1): TypeError for non-numbers (bool, str, None, ...), ValueError outside (NaN too).
-    The same rule as ``rot_critic_loss``'s ``delta``."""
-    if torch.is_tensor(value) and value.numel() == 1 and not value.dtype.is_complex and value.dtype != torch.bool:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number in [0, 1), got {type(value).__name__} {value!r}")
-    value = float(value)
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"{name} must be in [0, 1), got {value}")
-    return value
-
-
 def _check_dtype(dtype) -> torch.dtype:
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a floating torch.dtype, got {type(dtype).__name__} {dtype!r}")
@@ -74,7 +53,7 @@ def _check_dtype(dtype) -> torch.dtype:
 
 
 def _generator(seed) -> torch.Generator:
-    seed = _check_int(seed, "seed", 0)
+    seed = _checks.check_int(seed, "seed", 0)
     g = torch.Generator()
     g.manual_seed(seed)
     return g
@@ -98,9 +77,9 @@ def make_toy_2d(
     Source type-I: uniform on [1,2]x[3,4]; target type-I: uniform on [1,2]x[-4,-3].
     Order per side: clean points, then type-I, then type-II (use the masks, not the order).
     """
-    n = _check_int(n, "n", 1)
-    n_type1 = _check_int(n_type1, "n_type1", 0)
-    n_type2 = _check_int(n_type2, "n_type2", 0)
+    n = _checks.check_int(n, "n", 1)
+    n_type1 = _checks.check_int(n_type1, "n_type1", 0)
+    n_type2 = _checks.check_int(n_type2, "n_type2", 0)
     if n_type1 + n_type2 >= n:
         raise ValueError(f"n_type1 + n_type2 must be < n (at least one clean point), got "
                          f"{n_type1} + {n_type2} >= {n}")
@@ -131,8 +110,8 @@ def make_flow_2d(
     with radii [0.7, 1.0], plus k = round(outlier_frac * n) type-II outliers drawn from the law of
     ``beta0`` = N((3, 0), 0.3^2 I) (n points). Outliers are the last k rows of ``alpha``.
     """
-    n = _check_int(n, "n", 1)
-    outlier_frac = _check_fraction(outlier_frac, "outlier_frac")
+    n = _checks.check_int(n, "n", 1)
+    outlier_frac = _checks.check_fraction(outlier_frac, "outlier_frac")
     k = int(round(outlier_frac * n))
     if k >= n:
         raise ValueError(f"outlier_frac={outlier_frac} leaves no clean point for n={n}")

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import _checks
 from . import nets as _nets
 from . import vat as _vat
 from . import weights as _weights
@@ -58,34 +59,6 @@ _FORMAT_VERSION = 2        # version 1 files (same layout, float32 statistics) l
 _PREDICT_ELEMENTS = 1 << 22   # predict_proba works in chunks of about this many input numbers
 _MAX_LAYERS = 64           # detector files: at most this many hidden layers / convolutions
 _MAX_WIDTH = 1 << 24       # detector files: at most this input dimension, width or channel count
-
-_MLP = _nets.MLP           # the former private name
-
-
-def _check_points(t, name: str, shape: Optional[Tuple[int, ...]] = None) -> torch.Tensor:
-    """(N, D) points or (N, C, H, W) images, finite floats; with ``shape`` (the fitted per-point shape) also
-    accept (N, prod(shape)) flattened images and return them reshaped."""
-    if not torch.is_tensor(t):
-        raise TypeError(f"{name} must be a torch.Tensor of shape (num_points, dim) or (num_images, C, H, W), "
-                        f"got {type(t).__name__}")
-    if t.dim() not in (2, 4):
-        raise ValueError(f"{name} must be 2-D (num_points, dim) or 4-D (num_images, C, H, W), got shape "
-                         f"{tuple(t.shape)}")
-    if t.shape[0] == 0 or t[0].numel() == 0:
-        raise ValueError(f"{name} must hold at least one point of dimension >= 1, got shape {tuple(t.shape)}")
-    if not t.dtype.is_floating_point:
-        raise ValueError(f"{name} must have a floating dtype, got {t.dtype}")
-    if shape is not None and tuple(t.shape[1:]) != tuple(shape):
-        if len(shape) == 3 and t.dim() == 2 and t.shape[1] == math.prod(shape):
-            t = t.reshape((t.shape[0],) + tuple(shape))
-        else:
-            raise ValueError(f"{name} has dimension {tuple(t.shape[1:])} per point but the detector was fitted "
-                             f"on dimension {tuple(shape)}" + (" (flattened images are accepted too)"
-                                                               if len(shape) == 3 else ""))
-    if not torch.isfinite(t).all():
-        raise ValueError(f"{name} contains NaN or inf values")
-    return t
-
 
 def _stat_dtype(device: torch.device) -> torch.dtype:
     """float64 for statistics, except on devices without it (MPS)."""
@@ -130,25 +103,6 @@ def _standardised(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, dtype:
         raise ValueError(f"{name}: the standardised values (x - mean) / std overflow {dtype} (largest magnitude "
                          f"{big:.3g}): the points lie far outside the range of the training data; rescale them")
     return out
-
-
-def _number(value, name: str, positive: bool) -> float:
-    """float(value), finite and > 0 (positive=True) or >= 0, else ValueError naming ``name``."""
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
-    if not math.isfinite(out) or out < 0 or (positive and out == 0):
-        raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
-    return out
-
-
-def _positive_int(value, name: str, allow_none: bool) -> Optional[int]:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be {'None or ' if allow_none else ''}a positive int, got {value!r}")
-    return value
 
 
 def _median_pairwise_distance(z: torch.Tensor) -> float:
@@ -267,18 +221,18 @@ class OutlierDetector:
         if power not in _POWERS:
             raise ValueError(f"power must be one of {_POWERS}, got {power!r}")
         if eta is not None:
-            eta = _number(eta, "eta", positive=True)
-        xi = _number(xi, "xi", positive=True)
+            eta = _checks.check_number(eta, "eta", positive=True)
+        xi = _checks.check_number(xi, "xi", positive=True)
         if omega is not None:
-            omega = _number(omega, "omega", positive=False)
+            omega = _checks.check_number(omega, "omega", positive=False)
         if method == "vat" and omega == 0:
             raise ValueError("omega must be > 0 for method='vat' (the CE term carries the labels)")
-        epochs = _positive_int(epochs, "epochs", allow_none=True)
-        batch_size = _positive_int(batch_size, "batch_size", allow_none=False)
+        epochs = _checks.positive_int(epochs, "epochs", allow_none=True)
+        batch_size = _checks.positive_int(batch_size, "batch_size", allow_none=False)
         if lr is not None:
-            lr = _number(lr, "lr", positive=True)
-        num_threads = _positive_int(num_threads, "num_threads", allow_none=True)
-        early_stopping = _positive_int(early_stopping, "early_stopping", allow_none=True)
+            lr = _checks.check_number(lr, "lr", positive=True)
+        num_threads = _checks.positive_int(num_threads, "num_threads", allow_none=True)
+        early_stopping = _checks.positive_int(early_stopping, "early_stopping", allow_none=True)
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed must be a non-negative int, got {seed!r}")
         self.model = model
@@ -357,8 +311,8 @@ class OutlierDetector:
     # ------------------------------------------------------------------ training
     def fit(self, source: torch.Tensor, target: torch.Tensor) -> "OutlierDetector":
         """Train on source (N, D) or (N, C, H, W) (label 0) and target (M, ...) (label 1) points. Returns self."""
-        source = _check_points(source, "source")
-        target = _check_points(target, "target")
+        source = _checks.check_points_or_images(source, "source")
+        target = _checks.check_points_or_images(target, "target")
         if source.shape[1:] != target.shape[1:]:
             raise ValueError(f"source and target must have the same dimension, got source dim "
                              f"{tuple(source.shape[1:])} and target dim {tuple(target.shape[1:])}")
@@ -521,7 +475,7 @@ class OutlierDetector:
         """(K,) P(target | point) for points (K, D) or images (K, C, H, W) (also flattened, (K, C*H*W)),
         without grad, in the dtype/device of ``points``."""
         self._require_fitted()
-        points = _check_points(points, "points", self.input_shape_)
+        points = _checks.check_points_or_images(points, "points", self.input_shape_)
         dev = self.mean_.device
         chunk = max(1, _PREDICT_ELEMENTS // self.dim_)
         was_training = self.model.training
@@ -538,8 +492,8 @@ class OutlierDetector:
     def outlier_masks(self, source: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Boolean outlier masks (N,), (M,): source points with P(target) > 1/2, target points with < 1/2."""
         self._require_fitted()
-        return _weights.outlier_masks(self.predict_proba(_check_points(source, "source")),
-                                      self.predict_proba(_check_points(target, "target")))
+        return _weights.outlier_masks(self.predict_proba(_checks.check_points_or_images(source, "source")),
+                                      self.predict_proba(_checks.check_points_or_images(target, "target")))
 
     def hard_weights(
         self, source: torch.Tensor, target: torch.Tensor, a: Optional[torch.Tensor] = None,
@@ -548,8 +502,8 @@ class OutlierDetector:
         """Hard SROT weights (a', b'), shapes (N,), (M,): flagged points get 0, the rest are rescaled to the
         original total mass. ``a``/``b`` default to uniform 1/N, 1/M (dtype/device of the points)."""
         self._require_fitted()
-        source = _check_points(source, "source")
-        target = _check_points(target, "target")
+        source = _checks.check_points_or_images(source, "source")
+        target = _checks.check_points_or_images(target, "target")
         if a is None:
             a = torch.full((len(source),), 1.0 / len(source), dtype=source.dtype, device=source.device)
         if b is None:
@@ -566,8 +520,8 @@ class OutlierDetector:
         flattened; computed by the backend that ``backend="auto"`` picks for these points, which streams over
         the N x M costs without storing them."""
         self._require_fitted()
-        source = _check_points(source, "source")
-        target = _check_points(target, "target")
+        source = _checks.check_points_or_images(source, "source")
+        target = _checks.check_points_or_images(target, "target")
         if isinstance(p, bool) or p not in (1, 2):
             raise ValueError(f"p must be 1 or 2, got {p!r}")
         if gamma is None:

@@ -15,7 +15,6 @@ Costs follow srot_fast's convention: |x - y| for p = 1, |x - y|^2 / 2 for p = 2.
 """
 from __future__ import annotations
 
-import numbers
 from typing import Optional
 
 import numpy as np
@@ -121,31 +120,6 @@ def exact_ot_tv(x: torch.Tensor, y: torch.Tensor, a: Optional[torch.Tensor] = No
     return float(value), torch.as_tensor(plan, dtype=x.dtype, device=x.device)
 
 
-def _check_fraction(value, name: str) -> float:
-    """A real number in [0, 1): TypeError for non-numbers (bool, str, None, ...), ValueError outside (NaN too).
-    The same rule as ``make_flow_2d``'s ``outlier_frac``."""
-    if torch.is_tensor(value) and value.numel() == 1 and not value.dtype.is_complex and value.dtype != torch.bool:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number in [0, 1), got {type(value).__name__} {value!r}")
-    value = float(value)
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"{name} must be in [0, 1), got {value}")
-    return value
-
-
-def _check_scores(d: torch.Tensor, name: str) -> torch.Tensor:
-    if not torch.is_tensor(d):
-        raise TypeError(f"{name} must be a torch.Tensor of critic outputs, got {type(d).__name__}")
-    if d.dim() == 2 and d.shape[1] == 1:
-        d = d[:, 0]
-    if d.dim() != 1 or d.shape[0] == 0:
-        raise ValueError(f"{name} must have shape (B,) or (B, 1) with B >= 1, got {tuple(d.shape)}")
-    if not d.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got {d.dtype}")
-    return d
-
-
 def rot_critic_loss(d_real: torch.Tensor, d_fake: torch.Tensor, *, delta: float = 0.1,
                     weights_real: Optional[torch.Tensor] = None) -> torch.Tensor:
     r"""ROT critic loss (Nietert et al. 2022) as used by the paper's GAN: the critic minimises
@@ -161,9 +135,9 @@ def rot_critic_loss(d_real: torch.Tensor, d_fake: torch.Tensor, *, delta: float 
     Returns:
         A scalar tensor (differentiable w.r.t. the critic outputs).
     """
-    d_real = _check_scores(d_real, "d_real")
-    d_fake = _check_scores(d_fake, "d_fake")
-    delta = _check_fraction(delta, "delta")
+    d_real = _checks.check_critic_outputs(d_real, "d_real")
+    d_fake = _checks.check_critic_outputs(d_fake, "d_fake")
+    delta = _checks.check_fraction(delta, "delta")
     if weights_real is None:
         mean_real = d_real.mean()
         max_real = d_real.max()

@@ -1,11 +1,10 @@
 r"""Marginal penalties D(pi 1 | a) of unbalanced OT and what the Sinkhorn loop needs from them.
 
-For a penalty of strength tau on one side (SPEC §3):
+For a penalty of strength tau on one side (docs/DESIGN.md, Solver):
 - ``aprox(s, eps)``: the update of a potential from its soft-min value s,
   A(s) = s (balanced, tau = inf), tau/(tau+eps) * s (KL), clamp(s, -tau, tau) (TV);
 - ``phi(f)``: the term -D*(-f) of the dual objective per unit weight,
-  f (balanced), tau * (1 - exp(-f/tau)) (KL), min(f, tau) (TV, valid for f >= -tau);
-- ``dphi(f)``: its derivative (for the potentials' sensitivity, not used for gradients).
+  f (balanced), tau * (1 - exp(-f/tau)) (KL), min(f, tau) (TV, valid for f >= -tau).
 """
 from __future__ import annotations
 

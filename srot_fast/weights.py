@@ -12,23 +12,15 @@ from __future__ import annotations
 
 import torch
 
+from . import _checks
+
 __all__ = ["outlier_masks", "hard_weights", "soft_offsets"]
-
-
-def _check_scores(s: torch.Tensor, name: str) -> torch.Tensor:
-    if not torch.is_tensor(s):
-        raise TypeError(f"{name} must be a torch.Tensor of probabilities, got {type(s).__name__}")
-    if s.dim() != 1:
-        raise ValueError(f"{name} must be 1-D (one probability per point), got shape {tuple(s.shape)}")
-    if not torch.isfinite(s).all() or (s < 0).any() or (s > 1).any():
-        raise ValueError(f"{name} must hold probabilities in [0, 1] (P(target) per point)")
-    return s
 
 
 def outlier_masks(s_x: torch.Tensor, s_y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Boolean outlier masks: source points with s_x > 1/2, target points with s_y < 1/2."""
-    s_x = _check_scores(s_x, "s_x")
-    s_y = _check_scores(s_y, "s_y")
+    s_x = _checks.check_probabilities(s_x, "s_x")
+    s_y = _checks.check_probabilities(s_y, "s_y")
     return s_x > 0.5, s_y < 0.5
 
 
@@ -70,8 +62,8 @@ def soft_offsets(
         gamma: > 0, scale of the offsets (the paper uses max_ij C(x_i, y_j)).
         ce_floor: > 0, smallest cross-entropy used, so offsets are at most gamma / ce_floor.
     """
-    s_x = _check_scores(s_x, "s_x")
-    s_y = _check_scores(s_y, "s_y")
+    s_x = _checks.check_probabilities(s_x, "s_x")
+    s_y = _checks.check_probabilities(s_y, "s_y")
     gamma = float(gamma)
     if not gamma > 0 or gamma == float("inf"):
         raise ValueError(f"gamma must be a finite positive number, got {gamma}")
