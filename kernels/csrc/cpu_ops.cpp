@@ -29,10 +29,6 @@ constexpr int W = 16;    // columns per register block (the y transpose is padde
 constexpr int G = 8;     // groups of R rows per super-block (share each y tile while it sits in L2)
 constexpr int RB = G * R;
 
-template <typename T> struct Bits;
-template <> struct Bits<float> { using I = int32_t; };
-template <> struct Bits<double> { using I = int64_t; };
-
 template <typename To, typename From> inline To bit_cast(From v) {
   To r;
   std::memcpy(&r, &v, sizeof(To));
