@@ -4,7 +4,11 @@ Everything else is in pyproject.toml."""
 from setuptools import setup
 
 setup(
-    packages=["srot_fast", "srot_fast.kernels", "srot_fast.experiments"],
-    package_dir={"srot_fast": "srot_fast", "srot_fast.kernels": "kernels"},
+    packages=["srot_fast", "srot_fast.kernels", "srot_fast.kernels.triton", "srot_fast.experiments"],
+    package_dir={
+        "srot_fast": "srot_fast",
+        "srot_fast.kernels": "kernels",
+        "srot_fast.kernels.triton": "kernels/triton",
+    },
     package_data={"srot_fast.kernels": ["csrc/*.cpp"]},
 )

@@ -1,6 +1,6 @@
 """Compile every Triton kernel configuration for a GPU target without a GPU (sm_90 = H100 / H200 by default).
 
-What this checks, on a CPU-only machine: that each kernel of ``kernels/triton_softmin.py`` compiles through
+What this checks, on a CPU-only machine: that each kernel of ``kernels/triton/kernels.py`` compiles through
 the real Triton pipeline (TTIR -> TTGIR -> LLVM -> PTX -> cubin with the ptxas shipped in the triton wheel)
 for every block configuration the launchers and the autotuner can pick and every (D, p, dtype) the tests use,
 that its shared memory fits the target (227 KiB per block on sm_90), and which configurations spill registers
@@ -35,7 +35,8 @@ os.environ.pop("TRITON_INTERPRET", None)  # real compilation
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 import triton  # noqa: E402
-from srot_fast.kernels import triton_softmin as T  # noqa: E402
+from srot_fast.kernels.triton import autotune as A  # noqa: E402
+from srot_fast.kernels.triton import kernels as K  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
@@ -49,11 +50,11 @@ _PTR_DTYPES = {("_plan_argmax_fwd_kernel", "out_ptr"): "i64"}  # int64 indices
 
 
 def _sig(name: str, dtype: str, const: dict) -> dict:
-    """Triton signature of kernel ``name`` of triton_softmin, read from its definition: ``*_ptr`` arguments
-    are pointers to ``dtype`` (except ``_PTR_DTYPES``), ``_FLOAT_ARGS`` scalars, other runtime arguments
-    int32, the ``tl.constexpr`` parameters "constexpr". ValueError unless ``const`` gives exactly the
-    kernel's constexpr parameters."""
-    fn = getattr(T, name)
+    """Triton signature of kernel ``name`` of :mod:`srot_fast.kernels.triton.kernels`, read from its definition:
+    ``*_ptr`` arguments are pointers to ``dtype`` (except ``_PTR_DTYPES``), ``_FLOAT_ARGS`` scalars, other
+    runtime arguments int32, the ``tl.constexpr`` parameters "constexpr". ValueError unless ``const`` gives
+    exactly the kernel's constexpr parameters."""
+    fn = getattr(K, name)
     names = list(inspect.signature(fn.fn).parameters)
     if names != list(fn.arg_names):
         raise ValueError(f"{name}: signature {names} differs from the JITFunction's arg_names {fn.arg_names}")
@@ -75,7 +76,7 @@ def _compile(job):
     name, sig, const, warps, stages, arch = job
     row = dict(kernel=name, const=const, num_warps=warps, num_stages=stages)
     try:
-        src = ASTSource(fn=getattr(T, name), signature=sig, constexprs=const)
+        src = ASTSource(fn=getattr(K, name), signature=sig, constexprs=const)
         kern = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                               options=dict(num_warps=warps, num_stages=stages))
         row["shared_bytes"] = kern.metadata.shared
@@ -117,7 +118,7 @@ def jobs(quick: bool, arch: int) -> list:
     # softmin, dot path (float32): autotune candidates, the same blocks at the default 4 warps / 3 stages,
     # the launcher's default and the tests' 16 x 16 x 16
     cand = [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages)
-            for c in T._CFG_DOT]
+            for c in A._CFG_DOT]
     for d in (64,) if quick else (37, 64, 300, 3072):
         for p in (1, 2):
             cfgs = set(cand) | {(64, 64, 32, 4, 3), (16, 16, 16, 4, 3)}
@@ -128,7 +129,7 @@ def jobs(quick: bool, arch: int) -> list:
                     dict(D=d, P=p, DOT=True, FOLD=p == 2, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk), w, s)
     # softmin, small-d path (float32 and float64), both tile orientations
     cand = [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_M"], c.kwargs["TRANS"], c.num_warps, c.num_stages)
-            for c in T._CFG_SMALL]
+            for c in A._CFG_SMALL]
     for dt, dims in (("fp32", (2,) if quick else (1, 2, 3, 20)), ("fp64", (3,) if quick else (2, 3, 20, 70, 300))):
         for d in dims:
             for p in (1, 2):
@@ -139,7 +140,7 @@ def jobs(quick: bool, arch: int) -> list:
                     add("_softmin_small_kernel", dt,
                         dict(D=d, P=p, TRANS=tr, BLOCK_N=bn, BLOCK_M=bm), w, s)
     # one-pass tl.dot weighted mean (float32, 16 <= BLOCK_D <= 128)
-    cand = [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_M"], c.num_warps, c.num_stages) for c in T._CFG_WMEAN_DOT]
+    cand = [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_M"], c.num_warps, c.num_stages) for c in A._CFG_WMEAN_DOT]
     for d in (64,) if quick else (37, 40, 64, 128):
         for p, unit in ((1, True), (1, False), (2, False)):
             cfgs = set(cand) | {(64, 64, 4, 3), (16, 16, 4, 3)}
@@ -155,7 +156,7 @@ def jobs(quick: bool, arch: int) -> list:
             bd = max(2, triton.next_power_of_2(d))
             for p, unit in ((1, True), (2, False), (1, False)):
                 cfgs = {(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_M"], c.num_warps, c.num_stages)
-                        for c in T._CFG_WMEAN_SMALL if c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_M"] * bd <= 16384}
+                        for c in A._CFG_WMEAN_SMALL if c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_M"] * bd <= 16384}
                 for bn, bm, w, s in sorted(cfgs | {(16, 32, 4, 3), (16, 16, 4, 3)}):
                     add("_weighted_mean_fwd_kernel", dt,
                         dict(D=d, P=p, UNIT=unit, BLOCK_N=bn, BLOCK_M=bm, BLOCK_D=bd), w, s)

@@ -230,12 +230,14 @@ def test_triton_batched_every_kernel_one_launch(monkeypatch, path, passes):
     mod = _module("triton")
     if torch.cuda.is_available():
         pytest.skip("launch counting patches module attributes: interpreter only")
+    from srot_fast.kernels.triton import launchers  # the module whose globals the launchers read
+
     seen = []
     for name in _TRITON_KERNELS:
-        monkeypatch.setattr(mod, name, _LaunchCounter(getattr(mod, name), name, seen))
+        monkeypatch.setattr(launchers, name, _LaunchCounter(getattr(launchers, name), name, seen))
     if passes == 2:
-        monkeypatch.setattr(mod, "_MAX_D_WMEAN", 2)
-        monkeypatch.setattr(mod, "_MAX_D_WMEAN_DOT", 2)
+        monkeypatch.setattr(launchers, "_MAX_D_WMEAN", 2)
+        monkeypatch.setattr(launchers, "_MAX_D_WMEAN_DOT", 2)
     dt = torch.float32
     x, y, h = _batch(3, 3, dt, 1)
     x64, y64, h64 = x.double(), y.double(), h.double()
@@ -277,6 +279,7 @@ _OFFSETS_SCRIPT = textwrap.dedent(
     """
     import math, sys, torch
     from srot_fast.kernels import tensorized as ref, triton_softmin as T
+    from srot_fast.kernels.triton import launchers as L  # the module whose globals the launchers read
 
     R = 1 << 29  # 4 R = 2^31 elements
     store = torch.from_file(sys.argv[1], shared=True, size=4 * R + 64, dtype=torch.float32)
@@ -287,12 +290,12 @@ _OFFSETS_SCRIPT = textwrap.dedent(
     }
 
     def operands(x, y, dot):  # the launcher's operands without the centring copy (it would hide the strides)
-        x, y = T._rows(x), T._rows(y)
+        x, y = L._rows(x), L._rows(y)
         if not dot:
             return x, y, x, x, 0.0, None
         return x, y, (x * x).sum(-1), (y * y).sum(-1), 2.0 * math.sqrt(x.shape[-1]) * 1.2e-7, None
 
-    T._operands = operands
+    L._operands = operands
     g = torch.Generator().manual_seed(0)
     worst = 0.0
     for name, ((xs, xst, xo), (ys, yst, yo)) in layouts.items():
@@ -312,7 +315,7 @@ _OFFSETS_SCRIPT = textwrap.dedent(
                 worst = max([worst] + [(got[b] - want[b]).abs().max().item() for b in range(nb)])
                 for phi in ("y", "grad"):
                     for limits in ((64, 128), (2, 2)):  # one pass, then two passes
-                        T._MAX_D_WMEAN, T._MAX_D_WMEAN_DOT = limits
+                        L._MAX_D_WMEAN, L._MAX_D_WMEAN_DOT = limits
                         wm_path = "auto" if path == "small" else path  # 'small' refuses D > its limit
                         got = T.weighted_mean_fwd(x, y, h, 0.5, p, phi, path=wm_path, block_n=16, block_m=16,
                                                   block_k=16)

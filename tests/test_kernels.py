@@ -323,7 +323,9 @@ def test_triton_every_autotune_candidate_is_correct(table):
     if torch.cuda.is_available():
         pytest.skip("interpreter check; on CUDA the autotuner runs these configurations itself")
     mod = _backend("triton")
-    for cfg in getattr(mod, table):
+    from srot_fast.kernels.triton import autotune
+
+    for cfg in getattr(autotune, table):
         kw = dict(block_n=cfg.kwargs["BLOCK_N"], block_m=cfg.kwargs["BLOCK_M"])
         for p in (1, 2):
             if table in ("_CFG_DOT", "_CFG_SMALL"):
@@ -378,20 +380,22 @@ def test_triton_dot_path_never_asks_for_plain_tf32(monkeypatch):
     import inspect
 
     mod = _backend("triton")
-    for fn in (mod._xy_dot_tile, mod._weighted_sum_dot_kernel, mod._weighted_mean_dot_kernel):
+    from srot_fast.kernels.triton import kernels, launchers, tiles
+
+    for fn in (tiles._xy_dot_tile, kernels._weighted_sum_dot_kernel, kernels._weighted_mean_dot_kernel):
         calls = re.findall(r"= tl\.dot\((.*)\)", inspect.getsource(fn.fn))
         assert calls and all("input_precision=PREC" in c for c in calls), calls
     monkeypatch.delenv("SROT_TRITON_DOT_PRECISION", raising=False)
-    assert mod._precision(None) == "ieee"
-    assert mod._precision("tf32x3") == "tf32x3"
+    assert launchers._precision(None) == "ieee"
+    assert launchers._precision("tf32x3") == "tf32x3"
     monkeypatch.setenv("SROT_TRITON_DOT_PRECISION", "tf32x3")
-    assert mod._precision(None) == "tf32x3"
-    assert mod._precision("ieee") == "ieee"
+    assert launchers._precision(None) == "tf32x3"
+    assert launchers._precision("ieee") == "ieee"
     monkeypatch.setenv("SROT_TRITON_DOT_PRECISION", "tf32")
     with pytest.raises(ValueError, match="SROT_TRITON_DOT_PRECISION"):
-        mod._precision(None)
+        launchers._precision(None)
     with pytest.raises(ValueError, match="precision"):
-        mod._precision("tf32")
+        launchers._precision("tf32")
     x, y, h, _ = _problem(40, torch.float32, 2)
     with pytest.raises(ValueError, match="SROT_TRITON_DOT_PRECISION"):
         mod.softmin_fwd(x, y, h, 0.1, 2)
@@ -419,7 +423,8 @@ def test_triton_launchers_pass_the_precision_to_every_dot_kernel(monkeypatch, pr
     precision: ``precision=`` first, then SROT_TRITON_DOT_PRECISION, then "ieee". The interpreter ignores
     the precision, so this is what the CPU can check; the GPU tests check the numbers."""
     mod = _backend("triton")
-    real = getattr(mod, "_module", mod)  # on CUDA the launchers look the kernels up in the module itself
+    from srot_fast.kernels.triton import launchers as real  # the launchers look the kernels up in their module
+
     seen = []
     names = ("_softmin_fwd_kernel", "_weighted_mean_dot_kernel", "_weighted_sum_dot_kernel",
              "_plan_argmax_fwd_kernel", "_max_sq_fwd_kernel")

@@ -1,0 +1,357 @@
+"""Launchers and primitives of the Triton backend. The ``*_fwd`` launchers check the arguments, pick the path
+(small-d or large-d), the block sizes (fixed defaults, or autotuned: :mod:`.autotune`) and the grid, allocate
+the outputs and launch the kernels of :mod:`.kernels` (keyword arguments); the four primitives ``softmin``,
+``weighted_mean``, ``plan_argmax`` and ``max_cost`` call them after upcasting float16 / bfloat16 to float32.
+:mod:`srot_fast.kernels.triton_softmin` re-exports the public names."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+
+from .._common import check_operands
+from .autotune import _TUNED, _size_key, _tune
+from .kernels import (
+    _max_sq_fwd_kernel,
+    _plan_argmax_fwd_kernel,
+    _softmin_fwd_kernel,
+    _softmin_small_kernel,
+    _weighted_mean_dot_kernel,
+    _weighted_mean_fwd_kernel,
+    _weighted_sum_dot_kernel,
+)
+
+__all__ = [
+    "softmin",
+    "weighted_mean",
+    "plan_argmax",
+    "max_cost",
+    "softmin_fwd",
+    "weighted_mean_fwd",
+    "plan_argmax_fwd",
+    "max_sq_fwd",
+]
+
+_MAX_D_WMEAN = 64  # largest D of the one-pass (small-d) weighted_mean
+_MAX_D_WMEAN_DOT = 128  # largest D of the one-pass tl.dot weighted_mean (float32)
+_DOT_MIN_D = 32  # D from which 'auto' forms distances with tl.dot (large-d path)
+
+_LOG2E = 1.4426950408889634
+_LN2 = 0.6931471805599453
+
+
+def _check(x, y, h=None, p=1):
+    """Argument checks of every launcher; returns whether the operands are batched (see _common.check_operands)."""
+    batched = check_operands(x, y, h, p, allow_empty=True, allow_batch=True) is not None  # empty: refused below
+    if x.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"triton kernels take float32 or float64, got {x.dtype} (the primitives softmin, "
+                        "weighted_mean, plan_argmax and max_cost also take float16 / bfloat16)")
+    for name, t in (("y", y), ("h", h)):
+        if t is not None and (t.dtype != x.dtype or t.device != x.device):
+            raise ValueError(f"{name} must have x's dtype and device ({x.dtype}, {x.device})")
+    if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise ValueError("triton kernels need CUDA tensors (or TRITON_INTERPRET=1 set before importing triton)")
+    if x.shape[-2] == 0 or y.shape[-2] == 0:
+        raise ValueError("empty point cloud")
+    return batched
+
+
+def _lead(*ts):
+    """Add the leading batch dimension of size 1 to each tensor (None passes)."""
+    return tuple(None if t is None else t.unsqueeze(0) for t in ts)
+
+
+def _rows(t):
+    """``t`` detached, with its last dimension contiguous (other strides kept: a view is not copied)."""
+    t = t.detach()
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _prm(x, eps):
+    """[log2(e) / eps, eps ln 2] in x's dtype and device (a Python float would be specialised to float32).
+    Filled on the device: ``torch.tensor(..., device='cuda')`` copies from pageable memory, which waits for
+    the queued kernels (a host-device sync per launch)."""
+    prm = torch.empty(2, dtype=x.dtype, device=x.device)
+    prm[0].fill_(_LOG2E / eps)
+    prm[1].fill_(eps * _LN2)
+    return prm
+
+
+def _h2(h):
+    """(B, M) column log-weights in base 2 (-inf stays -inf), columns contiguous."""
+    return _rows(h.detach() * _LOG2E)
+
+
+def _use_dot(path: str, d: int, dtype: torch.dtype) -> bool:
+    """tl.dot distances for float32 at D >= 32 ('auto') or when asked; never for float64: float64 tl.dot
+    failed to compile with Triton 3.6 on sm_90, so float64 always takes the exact difference form."""
+    if path not in ("auto", "small", "dot"):
+        raise ValueError(f"path must be 'auto', 'small' or 'dot', got {path!r}")
+    if dtype == torch.float64:
+        if path == "dot":
+            raise ValueError("path='dot' is float32 only (float64 uses the exact difference form)")
+        return False
+    return path == "dot" or (path == "auto" and d >= _DOT_MIN_D)
+
+
+_PRECISIONS = ("ieee", "tf32x3")
+
+
+def _precision(precision) -> str:
+    """tl.dot input precision of the large-d path: ``precision`` if given, else the environment variable
+    ``SROT_TRITON_DOT_PRECISION``, else "ieee" (checked at every launch, small-d ones included, so that a
+    wrong value shows at once). "ieee": fp32 FMA; "tf32x3": each fp32 operand split into a
+    TF32 high part and a TF32 low part, three tensor-core products (hi.hi + hi.lo + lo.hi) with fp32
+    accumulation, fp32-accurate (plain TF32 is never used)."""
+    name = "precision"
+    if precision is None:
+        precision, name = os.environ.get("SROT_TRITON_DOT_PRECISION", "ieee"), "SROT_TRITON_DOT_PRECISION"
+    if precision not in _PRECISIONS:
+        raise ValueError(f"{name} must be one of {_PRECISIONS}, got {precision!r}")
+    return precision
+
+
+def _operands(x, y, dot: bool):
+    """Detached (x, y, xx, yy, coinc, centre) of a batched (B, N, D), (B, M, D) launch. Large-d path: each
+    problem's two clouds are centred on their common mean (distances are unchanged, the cancellation in
+    |x|^2 + |y|^2 - 2 x.y shrinks) and the squared norms computed once ((B, N) and (B, M), contiguous);
+    ``coinc`` = 2 sqrt(D) * machine epsilon, above the relative rounding noise of that cancellation (~2 u
+    at D = 300..12288 on CPU; sqrt(D / BLOCK_K) u for sequential chunks), so exactly coincident points get
+    distance 0 (the p = 1 kink). Small-d path: the points as given when their coordinates are contiguous
+    (no copy), ``xx``/``yy`` unused placeholders (x itself)."""
+    x, y = _rows(x), _rows(y)
+    if not dot:
+        return x, y, x, x, 0.0, None
+    n, m = x.shape[-2], y.shape[-2]
+    centre = (x.sum(-2, keepdim=True) + y.sum(-2, keepdim=True)) / (n + m)  # (B, 1, D)
+    xc, yc = (x - centre).contiguous(), (y - centre).contiguous()
+    coinc = 2.0 * math.sqrt(x.shape[-1]) * torch.finfo(x.dtype).eps
+    return xc, yc, (xc * xc).sum(-1), (yc * yc).sum(-1), coinc, centre
+
+
+def _grid(n, nb):
+    """Launch grid: cdiv(N, BLOCK_N) row blocks for each of the ``nb`` problems (``meta``: the block sizes)."""
+    return lambda meta: (triton.cdiv(n, meta["BLOCK_N"]) * nb,)
+
+
+def softmin_fwd(x, y, h, eps, p, *, path="auto", block_n=None, block_m=None, block_k=None, num_warps=None,
+                trans=None, precision=None):
+    """Launcher of :func:`softmin`: x (N, D) or (B, N, D) -> (N,) or (B, N), one launch for the batch.
+    ``path``: 'small' (coordinate loop), 'dot' (tl.dot, fp32-exact) or 'auto' ('dot' for D >= 32);
+    ``precision``: the dot path's tl.dot precision (:func:`_precision`). Block sizes are powers of two
+    (>= 16 on the dot path); ``trans`` picks the small-d tile orientation. On a GPU from ``_TUNE_MIN_PAIRS``
+    pairs (B * N * M) with no block size given, the blocks are autotuned (``_CFG_DOT`` / ``_CFG_SMALL``);
+    otherwise defaults 32 x 64 (small), 64 x 64 x 32 (dot), 4 warps."""
+    batched = _check(x, y, h, p)
+    if not batched:
+        return softmin_fwd(*_lead(x, y, h), eps, p, path=path, block_n=block_n, block_m=block_m,
+                           block_k=block_k, num_warps=num_warps, trans=trans, precision=precision)[0]
+    nb, n, d = x.shape
+    m = y.shape[1]
+    dot = _use_dot(path, d, x.dtype)
+    prec = _precision(precision)
+    out = torch.empty(nb, n, dtype=x.dtype, device=x.device)
+    if nb == 0:
+        return out
+    h2 = _h2(h)
+    tune = _tune(x, nb * n * m, (block_n, block_m, block_k, num_warps, trans))
+    if not dot:  # coordinate-major views (B, D, N) with contiguous rows: contiguous loads along rows and columns
+        xt, yt = _rows(x.detach().transpose(-1, -2)), _rows(y.detach().transpose(-1, -2))
+        args = (xt, yt, h2, _prm(x, eps), out, n, m, xt.stride(0), xt.stride(1), yt.stride(0), yt.stride(1),
+                h2.stride(0), _size_key(nb, n, m))
+        if tune:
+            _TUNED["softmin_small"][_grid(n, nb)](*args, D=d, P=p)
+        else:
+            block_n = block_n or 32
+            _softmin_small_kernel[(triton.cdiv(n, block_n) * nb,)](
+                *args, D=d, P=p, TRANS=bool(trans), BLOCK_N=block_n, BLOCK_M=block_m or 64, num_warps=num_warps or 4)
+        return out
+    x, y, xx, yy, coinc, _ = _operands(x, y, dot)
+    args = (x, y, xx, yy, h2, _prm(x, eps), out, n, m, x.stride(0), x.stride(1), y.stride(0), y.stride(1),
+            h2.stride(0), coinc, _size_key(nb, n, m))
+    if tune:
+        _TUNED["softmin_dot"][_grid(n, nb)](*args, D=d, P=p, DOT=True, FOLD=p == 2, PREC=prec)
+        return out
+    block_n = block_n or 64
+    _softmin_fwd_kernel[(triton.cdiv(n, block_n) * nb,)](
+        *args, D=d, P=p, DOT=True, FOLD=p == 2, PREC=prec, BLOCK_N=block_n, BLOCK_M=block_m or 64,
+        BLOCK_K=block_k or 32, num_warps=num_warps or 4,
+    )
+    return out
+
+
+def weighted_mean_fwd(x, y, h, eps, p, phi="y", *, path="auto", block_n=None, block_m=None, block_k=None,
+                      num_warps=None, precision=None):
+    """Launcher of :func:`weighted_mean`: x (N, D) or (B, N, D) -> (N, D) or (B, N, D). Paths: 'small'
+    (D <= 64): one streaming pass, products summed by broadcasting; 'dot' (float32 only; 'auto' takes it
+    for 32 <= D): for D <= 128 one streaming pass with both x.y^T and w @ y by tl.dot, for D > 128 a softmin
+    pass for the row normalisers then a pass adding tl.dot(w, y) into the (B, N, D) output. float64 above
+    D = 64: the two passes with exact differences and register sums. One launch per pass for the whole batch.
+    ``precision`` as :func:`softmin_fwd`. Autotuned on a GPU as :func:`softmin_fwd` (one-pass kernels);
+    defaults 16 x 32 (small), 64 x 64 (dot, one pass), 64 x 64 x 32 (two passes)."""
+    batched = _check(x, y, h, p)
+    if phi not in ("y", "grad"):
+        raise ValueError(f"phi must be 'y' or 'grad', got {phi!r}")
+    if not batched:
+        return weighted_mean_fwd(*_lead(x, y, h), eps, p, phi, path=path, block_n=block_n, block_m=block_m,
+                                 block_k=block_k, num_warps=num_warps, precision=precision)[0]
+    nb, n, d = x.shape
+    m = y.shape[1]
+    dot = _use_dot(path, d, x.dtype)  # also the argument check: path='dot' is float32 only
+    prec = _precision(precision)
+    if path == "small" and d > _MAX_D_WMEAN:
+        raise ValueError(f"the small-d weighted_mean path takes D <= {_MAX_D_WMEAN} (got {d}); use path='dot'")
+    if nb == 0:
+        return torch.empty(0, n, d, dtype=x.dtype, device=x.device)
+    unit = phi == "grad" and p == 1
+    fixed = (block_n, block_m, block_k, num_warps)
+    x0 = x
+    h2 = _h2(h)
+    if dot and d <= _MAX_D_WMEAN_DOT:  # float32, one pass, tl.dot
+        x, y, xx, yy, coinc, centre = _operands(x, y, True)
+        out = torch.empty(nb, n, d, dtype=x.dtype, device=x.device)
+        args = (x, y, xx, yy, h2, _prm(x, eps), out, n, m, x.stride(0), x.stride(1), y.stride(0), y.stride(1),
+                h2.stride(0), coinc, _size_key(nb, n, m))
+        const = dict(D=d, P=p, UNIT=unit, PREC=prec, BLOCK_D=max(16, triton.next_power_of_2(d)))
+        if _tune(x, nb * n * m, fixed):
+            _TUNED["wmean_dot"][_grid(n, nb)](*args, **const)
+        else:
+            block_n = block_n or 64
+            _weighted_mean_dot_kernel[(triton.cdiv(n, block_n) * nb,)](
+                *args, **const, BLOCK_N=block_n, BLOCK_M=block_m or 64, num_warps=num_warps or 4)
+        if not unit and centre is not None:  # mean of the centred y_j: undo the centring
+            out += centre
+    elif dot or d > _MAX_D_WMEAN:  # two passes: float32 tl.dot, or float64 exact differences and broadcast sums
+        block_n, block_m = block_n or (64 if dot else 16), block_m or (64 if dot else 16)
+        block_k = block_k or (32 if dot else 16)
+        lse2 = softmin_fwd(x, y, h, eps, p, path="dot" if dot else "small", block_n=block_n, block_m=block_m,
+                           block_k=block_k, num_warps=num_warps, precision=prec) / -(eps * _LN2)
+        x, y, xx, yy, coinc, centre = _operands(x, y, dot)
+        acc = torch.zeros(nb, n, d, dtype=x.dtype, device=x.device)
+        wsum = torch.empty(nb, n, dtype=x.dtype, device=x.device)
+        _weighted_sum_dot_kernel[(triton.cdiv(n, block_n) * nb,)](
+            x, y, xx, yy, h2, lse2.contiguous(), _prm(x, eps), acc, wsum, n, m, x.stride(0), x.stride(1),
+            y.stride(0), y.stride(1), h2.stride(0), coinc, D=d, P=p, UNIT=unit, BLOCK_N=block_n, BLOCK_M=block_m,
+            BLOCK_K=block_k, DOT=dot, PREC=prec, num_warps=num_warps or 4,
+        )
+        if unit:  # sum_j w'_ij (x_i - y_j) = x_i sum_j w'_ij - sum_j w'_ij y_j (centring cancels)
+            out = x * wsum[..., None] - acc
+        elif centre is not None:  # mean of y_j: undo the centring (the weights sum to wsum = 1 up to rounding)
+            out = acc + centre * wsum[..., None]
+        else:
+            out = acc
+    else:  # small path, one pass
+        x, y = _rows(x), _rows(y)
+        out = torch.empty(nb, n, d, dtype=x.dtype, device=x.device)
+        args = (x, y, h2, _prm(x, eps), out, n, m, x.stride(0), x.stride(1), y.stride(0), y.stride(1),
+                h2.stride(0), _size_key(nb, n, m))
+        const = dict(D=d, P=p, UNIT=unit, BLOCK_D=max(2, triton.next_power_of_2(d)))
+        if _tune(x, nb * n * m, fixed):
+            _TUNED["wmean_small"][_grid(n, nb)](*args, **const)
+        else:
+            block_n = block_n or 16
+            _weighted_mean_fwd_kernel[(triton.cdiv(n, block_n) * nb,)](
+                *args, **const, BLOCK_N=block_n, BLOCK_M=block_m or 32, num_warps=num_warps or 4)
+    if phi == "grad" and p == 2:
+        out = x0.detach() - out
+    return out
+
+
+def plan_argmax_fwd(x, y, h, eps, p, *, path="auto", block_n=None, block_m=None, block_k=None, num_warps=None,
+                    precision=None):
+    """Launcher of :func:`plan_argmax`: x (N, D) or (B, N, D) -> int64 (N,) or (B, N) (paths and default
+    block sizes as :func:`softmin_fwd`; not tuned)."""
+    batched = _check(x, y, h, p)
+    if not batched:
+        return plan_argmax_fwd(*_lead(x, y, h), eps, p, path=path, block_n=block_n, block_m=block_m,
+                               block_k=block_k, num_warps=num_warps, precision=precision)[0]
+    nb, n, d = x.shape
+    m = y.shape[1]
+    dot = _use_dot(path, d, x.dtype)
+    prec = _precision(precision)
+    out = torch.empty(nb, n, dtype=torch.int64, device=x.device)
+    if nb == 0:
+        return out
+    block_n = block_n or (64 if dot else 32)
+    h2 = _h2(h)
+    x, y, xx, yy, coinc, _ = _operands(x, y, dot)
+    _plan_argmax_fwd_kernel[(triton.cdiv(n, block_n) * nb,)](
+        x, y, xx, yy, h2, _prm(x, eps), out, n, m, x.stride(0), x.stride(1), y.stride(0), y.stride(1),
+        h2.stride(0), coinc, D=d, P=p, DOT=dot, PREC=prec, BLOCK_N=block_n, BLOCK_M=block_m or 64,
+        BLOCK_K=block_k or 32, num_warps=num_warps or 4,
+    )
+    return out
+
+
+def max_sq_fwd(x, y, *, path="auto", block_n=None, block_m=None, block_k=None, num_warps=None, precision=None):
+    """(N,) or (B, N) max_j |x_i - y_j|^2 (launcher behind :func:`max_cost`; paths as :func:`softmin_fwd`;
+    not tuned)."""
+    batched = _check(x, y)
+    if not batched:
+        return max_sq_fwd(*_lead(x, y), path=path, block_n=block_n, block_m=block_m, block_k=block_k,
+                          num_warps=num_warps, precision=precision)[0]
+    nb, n, d = x.shape
+    m = y.shape[1]
+    dot = _use_dot(path, d, x.dtype)
+    prec = _precision(precision)
+    out = torch.empty(nb, n, dtype=x.dtype, device=x.device)
+    if nb == 0:
+        return out
+    block_n = block_n or (64 if dot else 32)
+    x, y, xx, yy, coinc, _ = _operands(x, y, dot)
+    _max_sq_fwd_kernel[(triton.cdiv(n, block_n) * nb,)](
+        x, y, xx, yy, out, n, m, x.stride(0), x.stride(1), y.stride(0), y.stride(1), coinc,
+        D=d, DOT=dot, PREC=prec, BLOCK_N=block_n, BLOCK_M=block_m or 64, BLOCK_K=block_k or 32,
+        num_warps=num_warps or 4,
+    )
+    return out
+
+
+# ---------------------------------------------------------------------------------------- primitives
+_LOW = (torch.float16, torch.bfloat16)  # upcast to float32 by the primitives (not by the *_fwd launchers)
+
+
+def _upcast(*ts):
+    return tuple(t.float() if t is not None and t.dtype in _LOW else t for t in ts)
+
+
+def softmin(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int) -> torch.Tensor:
+    r"""(N,) or (B, N) soft-min ``out_i = -eps * log sum_j exp(h_j - C(x_i, y_j) / eps)``; ``+inf`` if all
+    ``h = -inf``.
+
+    Example:
+        >>> x, y = torch.randn(1000, 2, device="cuda"), torch.randn(800, 2, device="cuda")
+        >>> h = torch.zeros(800, device="cuda")
+        >>> softmin(x, y, h, 0.01, 2).shape  # doctest: +SKIP
+        torch.Size([1000])
+    """
+    return softmin_fwd(*_upcast(x, y, h), eps, p)
+
+
+def weighted_mean(
+    x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int, phi: str = "y"
+) -> torch.Tensor:
+    r"""(N, D) or (B, N, D) mean of phi(x_i, y_j) under w_ij = softmax_j(h_j - C_ij / eps); any D (two
+    passes for D > 64).
+
+    ``phi="y"``: y_j. ``phi="grad"``: (x_i - y_j) / |x_i - y_j| for p = 1 (0 where x_i = y_j),
+    x_i - y_j for p = 2 (computed as x_i - mean of y_j).
+    """
+    return weighted_mean_fwd(*_upcast(x, y, h), eps, p, phi)
+
+
+def plan_argmax(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int) -> torch.Tensor:
+    """(N,) or (B, N) int64 index of the largest plan entry per row, argmax_j (h_j - C_ij / eps), first on
+    ties."""
+    return plan_argmax_fwd(*_upcast(x, y, h), eps, p)
+
+
+def max_cost(x: torch.Tensor, y: torch.Tensor, p: int) -> torch.Tensor:
+    """() largest ground cost max_ij C(x_i, y_j) (0-dim tensor of x's dtype), or (B,) one per problem."""
+    if p not in (1, 2):
+        raise ValueError(f"p must be 1 or 2, got {p}")
+    s = max_sq_fwd(*_upcast(x, y)).amax(dim=-1)
+    return s.sqrt() if p == 1 else s / 2

@@ -1,0 +1,209 @@
+"""``@triton.jit`` tile helpers of the Triton kernels (inlined into the kernels of :mod:`.kernels` when they
+compile): a program's problem and rows, a tile's columns, the squared distances of a tile (small-d path:
+difference form over row-major or coordinate-major points; large-d path: ``tl.dot`` cross term), logits and
+one online log-sum-exp step."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _program_rows(N, BLOCK_N: tl.constexpr):
+    """(problem index, (BLOCK_N,) row indices, rows < N) of this program, both indices int64."""
+    pid = tl.program_id(0)
+    nblk = tl.cdiv(N, BLOCK_N)
+    b = pid // nblk
+    rows = (pid - b * nblk) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return b.to(tl.int64), rows.to(tl.int64), rows < N
+
+
+@triton.jit
+def _tile_cols(j0, M, BLOCK_M: tl.constexpr):
+    """((BLOCK_M,) int64 column indices from ``j0``, cols < M)."""
+    cols = j0 + tl.arange(0, BLOCK_M)
+    return cols.to(tl.int64), cols < M
+
+
+@triton.jit
+def _coord_sq(xk_ptr, yk_ptr, xoff, rmask, yoff, cmask, TRANS: tl.constexpr):
+    """One coordinate's squared differences over a tile: (x_i - y_j)^2 with x_i at ``xk_ptr + xoff`` and
+    y_j at ``yk_ptr + yoff`` (pointer and offset: one of them per point, the other shared);
+    (BLOCK_N, BLOCK_M), or (BLOCK_M, BLOCK_N) if ``TRANS``."""
+    xk = tl.load(xk_ptr + xoff, mask=rmask, other=0.0)
+    yk = tl.load(yk_ptr + yoff, mask=cmask, other=0.0)
+    if TRANS:
+        diff = yk[:, None] - xk[None, :]
+    else:
+        diff = xk[:, None] - yk[None, :]
+    return diff * diff
+
+
+@triton.jit
+def _sq_dist_tile(
+    x_ptr,  # (N, D) row points of this problem, rows stride_x apart, coordinates contiguous
+    y_ptr,  # (M, D) column points of this problem, rows stride_y apart
+    rows,  # (BLOCK_N,) int64 row indices of this program
+    rmask,  # (BLOCK_N,) rows < N
+    cols,  # (BLOCK_M,) int64 column indices of this tile
+    cmask,  # (BLOCK_M,) cols < M
+    stride_x,  # elements between two rows of x
+    stride_y,  # elements between two rows of y
+    D: tl.constexpr,  # number of coordinates
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """(BLOCK_N, BLOCK_M) squared distances, one coordinate at a time (small-d path; unrolled for D <= 16)."""
+    sq = tl.zeros((BLOCK_N, BLOCK_M), dtype=x_ptr.dtype.element_ty)
+    if D <= 16:
+        for k in tl.static_range(D):
+            sq += _coord_sq(x_ptr + rows * stride_x, y_ptr + cols * stride_y, k, rmask, k, cmask, False)
+    else:
+        for k in range(0, D):
+            sq += _coord_sq(x_ptr + rows * stride_x, y_ptr + cols * stride_y, k, rmask, k, cmask, False)
+    return sq
+
+
+@triton.jit
+def _sq_from_dot(xy, xx, yy, coinc):
+    """Squared distances |x|^2 + |y|^2 - 2 x.y of a tile from its cross term ``xy`` (BLOCK_N, BLOCK_M) and
+    the squared norms; below the rounding noise (relative ``coinc``) -> 0, which also clamps negatives."""
+    nrm = xx[:, None] + yy[None, :]
+    sq = nrm - 2.0 * xy
+    return tl.where(sq > coinc * nrm, sq, 0.0)
+
+
+@triton.jit
+def _xy_dot_tile(
+    x_ptr,  # (N, D) row points of this problem (centred by the launcher), coordinates contiguous
+    y_ptr,  # (M, D) column points (same centring)
+    rows,  # (BLOCK_N,) int64 row indices of this program
+    rmask,  # (BLOCK_N,) rows < N
+    cols,  # (BLOCK_M,) int64 column indices of this tile
+    cmask,  # (BLOCK_M,) cols < M
+    stride_x,  # elements between two rows of x
+    stride_y,  # elements between two rows of y
+    D: tl.constexpr,  # number of coordinates
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,  # coordinates per tl.dot step (>= 16)
+    PREC: tl.constexpr,  # tl.dot input_precision: "ieee" (fp32 FMA) or "tf32x3" (fp32 split over 3 TF32 MMAs)
+):
+    """(BLOCK_N, BLOCK_M) cross terms x_i.y_j by tl.dot over chunks of BLOCK_K coordinates at fp32 accuracy
+    (``PREC``: never plain TF32; large-d path)."""
+    xy = tl.zeros((BLOCK_N, BLOCK_M), dtype=x_ptr.dtype.element_ty)
+    ks = tl.arange(0, BLOCK_K)
+    for k0 in range(0, D, BLOCK_K):
+        kk = k0 + ks
+        kmask = kk < D
+        x_t = tl.load(x_ptr + rows[:, None] * stride_x + kk[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
+        y_t = tl.load(y_ptr + cols[:, None] * stride_y + kk[None, :], mask=cmask[:, None] & kmask[None, :], other=0.0)
+        xy = tl.dot(x_t, tl.trans(y_t), xy, input_precision=PREC)
+    return xy
+
+
+@triton.jit
+def _sq_dist_dot_tile(
+    x_ptr, y_ptr,  # (N, D), (M, D) points of this problem (centred by the launcher)
+    xx_ptr, yy_ptr,  # (N,) |x_i|^2, (M,) |y_j|^2 of this problem
+    rows, rmask, cols, cmask, stride_x, stride_y,
+    coinc,  # relative threshold: |x - y|^2 <= coinc * (|x|^2 + |y|^2) counts as 0 (rounding noise)
+    D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr,
+):
+    """(BLOCK_N, BLOCK_M) squared distances |x|^2 + |y|^2 - 2 x.y (large-d path)."""
+    xy = _xy_dot_tile(x_ptr, y_ptr, rows, rmask, cols, cmask, stride_x, stride_y, D, BLOCK_N, BLOCK_M, BLOCK_K,
+                      PREC)
+    xx = tl.load(xx_ptr + rows, mask=rmask, other=0.0)
+    yy = tl.load(yy_ptr + cols, mask=cmask, other=0.0)
+    return _sq_from_dot(xy, xx, yy, coinc)
+
+
+@triton.jit
+def _sq_tile(
+    x_ptr, y_ptr, xx_ptr, yy_ptr, rows, rmask, cols, cmask, stride_x, stride_y, coinc,
+    D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Squared distances of one tile by the large-d (``DOT``, tl.dot at ``PREC``) or the small-d path."""
+    if DOT:
+        sq = _sq_dist_dot_tile(x_ptr, y_ptr, xx_ptr, yy_ptr, rows, rmask, cols, cmask, stride_x, stride_y,
+                               coinc, D, BLOCK_N, BLOCK_M, BLOCK_K, PREC)
+    else:
+        sq = _sq_dist_tile(x_ptr, y_ptr, rows, rmask, cols, cmask, stride_x, stride_y, D, BLOCK_N, BLOCK_M)
+    return sq
+
+
+@triton.jit
+def _logits_tile(sq, h_ptr, cols, cmask, cscale, P: tl.constexpr):
+    """(BLOCK_N, BLOCK_M) logits h_j - C_ij / eps in the units of ``h`` (base 2 or e; ``cscale`` = the
+    matching 1 / eps for p = 1, 1 / (2 eps) for p = 2); -inf on padding columns."""
+    h = tl.load(h_ptr + cols, mask=cmask, other=float("-inf"))
+    if P == 1:
+        logit = h[None, :] - tl.sqrt(sq) * cscale
+    else:
+        logit = h[None, :] - sq * cscale
+    return logit
+
+
+@triton.jit
+def _cost_scale(prm_ptr, P: tl.constexpr):
+    """log2(e) / eps (p = 1) or log2(e) / (2 eps) (p = 2), from prm = [log2(e) / eps, eps ln 2]."""
+    inv2 = tl.load(prm_ptr)
+    if P == 2:
+        inv2 = 0.5 * inv2
+    return inv2
+
+
+@triton.jit
+def _load_points(ptr, idx, imask, dims, dmask, stride):
+    """(len(idx), len(dims)) tile of points (rows ``stride`` apart, int64 ``idx``), 0 outside the masks."""
+    return tl.load(ptr + idx[:, None] * stride + dims[None, :], mask=imask[:, None] & dmask[None, :], other=0.0)
+
+
+@triton.jit
+def _lse_step(m_i, logit, AXIS: tl.constexpr):
+    """One online log-sum-exp step in base 2 over a tile's ``AXIS`` (1: columns of (rows, cols) tiles, 0: of
+    transposed ones): (new running max, rescale factor of the old sum, the tile's weights 2^(l - max)).
+    A row whose logits are all -inf so far keeps max -inf and weights 0."""
+    m_new = tl.maximum(m_i, tl.max(logit, AXIS))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    if AXIS == 1:
+        w = tl.exp2(logit - m_safe[:, None])
+    else:
+        w = tl.exp2(logit - m_safe[None, :])
+    return m_new, tl.exp2(m_i - m_safe), w
+
+
+
+@triton.jit
+def _sq_dist_tile_soa(
+    xt_ptr,  # (D, N) row points of this problem, coordinate-major: coordinates stride_xk apart, rows contiguous
+    yt_ptr,  # (D, M) column points, coordinate-major
+    rows, rmask, cols, cmask,
+    stride_xk,  # elements between two coordinates of xt
+    stride_yk,
+    D: tl.constexpr,
+    TRANS: tl.constexpr,  # True: the tile is (BLOCK_M, BLOCK_N), columns along axis 0
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """Squared distances of a tile from coordinate-major points (contiguous loads along rows / columns). The
+    pointers advance one coordinate stride per coordinate (no k * stride product: no 32-bit overflow)."""
+    if TRANS:
+        sq = tl.zeros((BLOCK_M, BLOCK_N), dtype=xt_ptr.dtype.element_ty)
+    else:
+        sq = tl.zeros((BLOCK_N, BLOCK_M), dtype=xt_ptr.dtype.element_ty)
+    xk_ptr = xt_ptr
+    yk_ptr = yt_ptr
+    if D <= 16:
+        for _ in tl.static_range(D):
+            sq += _coord_sq(xk_ptr, yk_ptr, rows, rmask, cols, cmask, TRANS)
+            xk_ptr += stride_xk
+            yk_ptr += stride_yk
+    else:
+        for _ in range(0, D):
+            sq += _coord_sq(xk_ptr, yk_ptr, rows, rmask, cols, cmask, TRANS)
+            xk_ptr += stride_xk
+            yk_ptr += stride_yk
+    return sq
