@@ -97,4 +97,6 @@ def test_setup_lists_every_subpackage():
     call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "setup")
     listed = set(ast.literal_eval(next(k.value for k in call.keywords if k.arg == "packages")))
     found = {"srot_fast"} | {"srot_fast." + p.parent.name for p in (root / "srot_fast").glob("*/__init__.py")}
-    assert found | {"srot_fast.kernels"} <= listed, sorted(found - listed)
+    kernels = (root / "kernels").rglob("__init__.py")  # kernels/ installs as srot_fast.kernels (and its subpackages)
+    found |= {".".join(("srot_fast",) + p.parent.relative_to(root).parts) for p in kernels}
+    assert found <= listed, sorted(found - listed)
