@@ -27,6 +27,8 @@ from .penalties import Penalty
 WINDOW = 8         # updates per relaxation window (rate estimate, safeguard)
 OMEGA_MAX = 1.95   # never relax beyond this (omega -> 2 is the stability limit)
 COMPACT_MIN = 4    # batches of at least this many problems drop their finished half (see _compact)
+SCALE_TOL = 1e-2   # eps-scaling: relative marginal error each intermediate eps is solved to ...
+SCALE_CAP = 50     # ... in at most this many updates
 
 
 @dataclass
@@ -192,11 +194,18 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         passes += 2
         if tol is not None and max_iter == 0:  # no update at all: the initial potentials at the target eps
             eps_list = []
-        for eps in eps_list:  # eps-scaling: symmetric, averaged (stable while eps shrinks)
+        extra = torch.zeros(batch, dtype=torch.int64, device=f.device)  # updates of the loose solves
+        for k, eps in enumerate(eps_list):  # eps-scaling: symmetric, averaged (stable while eps shrinks)
             ft = pen_a.aprox(geom.softmin_x(log_b + g / eps, eps), eps)
             gt = pen_b.aprox(geom.softmin_y(log_a + f / eps, eps), eps)
             f, g = 0.5 * (f + ft), 0.5 * (g + gt)
             passes += 2
+            left = max_iter - len(eps_list) - int(extra.max())
+            if accelerate and tol is not None and k < len(eps_list) - 1 and left > 0:
+                # converge loosely at this eps: the next one then starts near its own solution
+                sub = alternating(geom, log_a, log_b, pen_a, pen_b, [eps], SCALE_TOL, min(SCALE_CAP, left),
+                                  (f, g), accelerate, check_every)
+                f, g, passes, extra = sub.f, sub.g, passes + sub.passes, extra + sub.n_iter
         n_done = len(eps_list)
     s = geom.softmin_x(log_b + g / eps, eps)
     passes += 1
@@ -217,8 +226,10 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     checks = _Checks(f.device, check_every)
     done = torch.zeros(batch, dtype=torch.bool, device=f.device)
     n_iter = torch.full((batch,), n_done, dtype=torch.int64, device=f.device)
+    if init is None and tol is not None:
+        n_iter += extra
     t = None
-    it = n_done
+    it = int(n_iter.max())
     steps = 0  # updates at the target eps (windows are counted in these)
     while True:
         f_hat = pen_a.aprox(s, eps)
