@@ -1,12 +1,12 @@
-/* Plain fused C reference for the softmin primitive (SPEC §4), float32, benchmarks only.
+/* Plain fused C reference for the softmin primitive (docs/DESIGN.md, Kernel primitive), float32, benchmarks only.
  *
  *   out_i = -eps * log sum_j exp(h_j - C(x_i, y_j) / eps),  C = |x - y| (p = 1) or |x - y|^2 / 2 (p = 2)
  *
  * The straightforward loop a C programmer writes first: one OpenMP thread per row range, per row a
  * buffer of M logits (O(M) memory per thread, never N x M), its max, then the sum of exp. y is given
  * transposed (yt: D x M) so the j loops vectorise; exp comes from the compiler's vector math library
- * under -O3 -march=native -ffast-math -fopenmp. It is the yardstick of the issue's CPU target
- * ("the primitive at >= 50 % of the fused-C reference's pairs/s"); it is not used by the package.
+ * under -O3 -march=native -ffast-math -fopenmp. It is the yardstick the compiled cpu kernel is measured
+ * against in benchmarks/bench_primitives.py; it is not used by the package.
  */
 #include <math.h>
 #include <stdint.h>
