@@ -150,13 +150,17 @@ class _Checks:
     def due(self, it: int) -> bool:
         return it >= self.next_at
 
-    @staticmethod
-    def look(done: torch.Tensor, err: torch.Tensor) -> tuple[int, float]:
-        """(number of problems done, largest error), read from the device in one synchronisation."""
-        count, worst = torch.stack([done.sum().to(err.dtype), err.max()]).tolist()
-        return int(count), worst
+    def poll(self, it: int, max_iter: int, done: torch.Tensor, err: torch.Tensor, tol: float) -> Optional[int]:
+        """The number of problems done, read from the device in one synchronisation when the host looks at
+        this update (always at ``max_iter``); None when it does not look."""
+        if it < max_iter and not self.due(it):
+            return None
+        count, err_max = torch.stack([done.sum().to(err.dtype), err.max()]).tolist()
+        self._schedule(it, err_max, tol)
+        return int(count)
 
-    def looked(self, it: int, err_max: float, tol: float) -> None:
+    def _schedule(self, it: int, err_max: float, tol: float) -> None:
+        """When to look next, from the error's decay since the last look."""
         self.syncs += 1
         if self.fixed is not None:
             k = self.fixed
@@ -235,9 +239,8 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         f_hat = pen_a.aprox(s, eps)
         err = marginal_error(log_a, f, s, f_hat, eps) / mass_a
         done = done | (err <= tol)
-        if it >= max_iter or checks.due(it):
-            n_fin, err_max = checks.look(done, err)
-            checks.looked(it, err_max, tol)
+        n_fin = checks.poll(it, max_iter, done, err, tol)
+        if n_fin is not None:
             if n_fin == batch or it >= max_iter:
                 break
             if batch >= COMPACT_MIN and 2 * n_fin >= batch and steps > 0:  # the rest as a smaller batch
@@ -318,11 +321,9 @@ def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optiona
         f_hat = pen.aprox(s, eps)
         err = marginal_error(log_a, f, s, f_hat, eps) / mass_a
         done = done | (err <= tol)
-        if it >= max_iter or checks.due(it):
-            n_fin, err_max = checks.look(done, err)
-            checks.looked(it, err_max, tol)
-            if n_fin == batch or it >= max_iter:
-                break
+        n_fin = checks.poll(it, max_iter, done, err, tol)
+        if n_fin is not None and (n_fin == batch or it >= max_iter):
+            break
         half = torch.where(done, torch.zeros_like(err), torch.full_like(err, 0.5)).to(f.dtype)[:, None]
         f = f + half * (f_hat - f)
         n_iter += (~done).long()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import types
 
 import numpy as np
 import torch
@@ -132,3 +133,43 @@ def torch_threads(n: int):
         yield
     finally:
         torch.set_num_threads(old)
+
+
+class OnCuda:
+    """On a GPU machine the Triton kernels need CUDA tensors: the module's functions called with tensor
+    arguments moved to CUDA and tensor results moved back (other attributes pass through)."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name):
+        obj = getattr(self._module, name)
+        if not isinstance(obj, types.FunctionType):
+            return obj
+
+        def call(*args, **kwargs):
+            def to(t):
+                return t.cuda() if isinstance(t, torch.Tensor) else t
+
+            out = obj(*map(to, args), **{k: to(v) for k, v in kwargs.items()})
+            return out.cpu() if isinstance(out, torch.Tensor) else out
+
+        return call
+
+
+def assert_argmax(idx, logits, rtol):
+    """``idx`` (N,) int64 names, in each row of the float64 reference ``logits`` (N, M), a column in range
+    whose logit is within ``rtol`` times the logits' scale (1 + the largest finite |logit|) of the row maximum:
+    a near-tie may resolve either way when the kernel sums in another order or precision. A row with no
+    finite logit gives 0 (torch.argmax's choice)."""
+    n, m = logits.shape
+    assert idx.shape == (n,) and idx.dtype == torch.int64
+    assert ((idx >= 0) & (idx < m)).all(), idx
+    finite = logits[logits.isfinite()]
+    tol = rtol * (1.0 + (finite.abs().max().item() if finite.numel() else 0.0))
+    best = logits.max(1).values
+    chosen = logits.gather(1, idx[:, None])[:, 0]
+    live = best > -math.inf
+    short = (best - chosen)[live]
+    assert (short <= tol).all(), f"chosen logit {short.max().item():.3g} below the row maximum (tolerance {tol:.3g})"
+    assert (idx[~live] == 0).all(), idx[~live]

@@ -16,10 +16,10 @@ import os
 import subprocess
 import sys
 import textwrap
-import types
 
 import pytest
 import torch
+from reference import OnCuda, assert_argmax
 from srot_fast.kernels import tensorized as ref
 
 from srot_fast.backends import available_backends
@@ -32,26 +32,6 @@ N, M = 37, 21
 
 
 # ------------------------------------------------------------------------------------------ helpers
-class _OnCuda:
-    """On a GPU machine the Triton kernels need CUDA tensors: the module's functions called with tensor
-    arguments moved to CUDA and tensor results moved back (other attributes pass through)."""
-
-    def __init__(self, module):
-        self._module = module
-
-    def __getattr__(self, name):
-        obj = getattr(self._module, name)
-        if not isinstance(obj, types.FunctionType):
-            return obj
-
-        def call(*args, **kwargs):
-            def to(t):
-                return t.cuda() if isinstance(t, torch.Tensor) else t
-
-            out = obj(*map(to, args), **{k: to(v) for k, v in kwargs.items()})
-            return out.cpu() if isinstance(out, torch.Tensor) else out
-
-        return call
 
 
 def _module(name: str):
@@ -72,7 +52,7 @@ def _module(name: str):
             pytest.skip("no CUDA and TRITON_INTERPRET is not set")
         from srot_fast.kernels import triton_softmin
 
-        return _OnCuda(triton_softmin) if torch.cuda.is_available() else triton_softmin
+        return OnCuda(triton_softmin) if torch.cuda.is_available() else triton_softmin
     raise ValueError(name)
 
 
@@ -102,24 +82,6 @@ def _close(out, want, dtype, scale):
     torch.testing.assert_close(out.double(), want, atol=tol, rtol=RTOL[dtype])
 
 
-def _assert_argmax(idx, logits, rtol):
-    """``idx`` (N,) int64 names, in each row of the float64 reference ``logits`` (N, M), a column in range
-    whose logit is within ``rtol`` times the logits' scale (1 + the largest finite |logit|) of the row maximum:
-    a near-tie may resolve either way when the kernel sums in another order or precision. A row with no
-    finite logit gives 0 (torch.argmax's choice)."""
-    n, m = logits.shape
-    assert idx.shape == (n,) and idx.dtype == torch.int64
-    assert ((idx >= 0) & (idx < m)).all(), idx
-    finite = logits[logits.isfinite()]
-    tol = rtol * (1.0 + (finite.abs().max().item() if finite.numel() else 0.0))
-    best = logits.max(1).values
-    chosen = logits.gather(1, idx[:, None])[:, 0]
-    live = best > -INF
-    short = (best - chosen)[live]
-    assert (short <= tol).all(), f"chosen logit {short.max().item():.3g} below the row maximum (tolerance {tol:.3g})"
-    assert (idx[~live] == 0).all(), idx[~live]
-
-
 def _check_all(mod, x, y, h, p, dtype):
     """Every primitive, batched, against the float64 reference of each problem."""
     nb, n, d = x.shape
@@ -139,7 +101,7 @@ def _check_all(mod, x, y, h, p, dtype):
     out = mod.plan_argmax(x, y, h, eps, p)
     assert out.shape == (nb, n) and out.dtype == torch.int64
     for b in range(nb):
-        _assert_argmax(out[b], h64[b][None, :] - ref.cost_matrix(x64[b], y64[b], p) / eps, RTOL[dtype])
+        assert_argmax(out[b], h64[b][None, :] - ref.cost_matrix(x64[b], y64[b], p) / eps, RTOL[dtype])
     out = mod.max_cost(x, y, p)
     assert out.shape == (nb,) and out.dtype == dtype
     for b in range(nb):
@@ -268,7 +230,7 @@ def test_triton_batched_every_kernel_one_launch(monkeypatch, path, passes):
         mx = mod.max_sq_fwd(x, y, **blocks)
         assert seen == ["_plan_argmax_fwd_kernel", "_max_sq_fwd_kernel"]
         for b in range(3):
-            _assert_argmax(arg[b], h64[b][None, :] - ref.cost_matrix(x64[b], y64[b], p) / eps, RTOL[dt])
+            assert_argmax(arg[b], h64[b][None, :] - ref.cost_matrix(x64[b], y64[b], p) / eps, RTOL[dt])
             _close(mx[b], (ref.cost_matrix(x64[b], y64[b], 2) * 2).amax(1), dt, 10.0)
 
 
@@ -387,7 +349,7 @@ def test_triton_offsets_beyond_2_31_on_gpu(monkeypatch):
                                        rtol=1e-4)
             del got
             got = T.plan_argmax(x, y, h, eps, p)[tail].cpu()
-            _assert_argmax(got, h64[None, :] - ref.cost_matrix(xt, y64, p) / eps, RTOL[torch.float32])
+            assert_argmax(got, h64[None, :] - ref.cost_matrix(xt, y64, p) / eps, RTOL[torch.float32])
         got = T.max_sq_fwd(x, y)[tail].cpu().double()
         torch.testing.assert_close(got, (ref.cost_matrix(xt, y64, 2) * 2).amax(1), atol=1e-4, rtol=1e-4)
         del x, got

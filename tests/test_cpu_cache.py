@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from reference import assert_argmax
 from srot_fast.kernels import _common, cpu_ops
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the compiled kernel is Linux-only")
@@ -403,24 +404,6 @@ def test_deliberate_opt_out_does_not_warn(cache, monkeypatch):
 _BATCH_TOL = {torch.float64: 1e-12, torch.float32: 1e-5}
 
 
-def _assert_argmax(idx, logits, rtol):
-    """``idx`` (N,) int64 names, in each row of the float64 reference ``logits`` (N, M), a column in range
-    whose logit is within ``rtol`` times the logits' scale (1 + the largest finite |logit|) of the row maximum:
-    a near-tie may resolve either way when the kernel sums in another order or precision. A row with no
-    finite logit gives 0 (the documented choice)."""
-    n, m = logits.shape
-    assert idx.shape == (n,) and idx.dtype == torch.int64
-    assert ((idx >= 0) & (idx < m)).all(), idx
-    finite = logits[logits.isfinite()]
-    tol = rtol * (1.0 + (finite.abs().max().item() if finite.numel() else 0.0))
-    best = logits.max(1).values
-    chosen = logits.gather(1, idx[:, None])[:, 0]
-    live = best > -math.inf
-    short = (best - chosen)[live]
-    assert (short <= tol).all(), f"chosen logit {short.max().item():.3g} below the row maximum (tolerance {tol:.3g})"
-    assert (idx[~live] == 0).all(), idx[~live]
-
-
 def _batch_problem(nb, n, m, d, dtype, p, seed=0):
     """``nb`` problems with coincident points and -inf columns; with nb = 3 problem 1 has one finite
     column and problem 2 none (+inf soft-min, NaN weighted mean, argmax 0)."""
@@ -485,7 +468,7 @@ def test_batched_matches_reference_per_problem(impl, nb, n, m, d, dtype, p):
         for k, w in want.items():
             torch.testing.assert_close(got[k][b].double(), w, atol=rtol * max(scales[b], 1.0), rtol=rtol,
                                        equal_nan=True, msg=lambda s, k=k, b=b: f"{k}, problem {b}: {s}")
-        _assert_argmax(got["argmax"][b], h64[b][None, :] - ref.cost_matrix(x64[b], y64[b], p) / eps, rtol)
+        assert_argmax(got["argmax"][b], h64[b][None, :] - ref.cost_matrix(x64[b], y64[b], p) / eps, rtol)
         if impl == "compiled":
             single = {
                 "softmin": cpu_ops.softmin(x[b], y[b], h[b], eps, p),

@@ -22,6 +22,7 @@ import types
 
 import pytest
 import torch
+from reference import OnCuda
 from srot_fast.kernels import cpu_ops
 from srot_fast.kernels import tensorized as ref
 
@@ -57,31 +58,8 @@ def _backend(name: str):
             pytest.skip("no CUDA and TRITON_INTERPRET is not set")
         from srot_fast.kernels import triton_softmin
 
-        return _OnCuda(triton_softmin) if torch.cuda.is_available() else triton_softmin
+        return OnCuda(triton_softmin) if torch.cuda.is_available() else triton_softmin
     raise ValueError(name)
-
-
-class _OnCuda:
-    """On a GPU machine the Triton kernels need CUDA tensors: the module's Python functions called with
-    their tensor arguments moved to CUDA and their tensor results moved back to the CPU, so the same
-    tests compare GPU results with the CPU float64 reference. Other attributes (JIT kernels) pass through."""
-
-    def __init__(self, module):
-        self._module = module
-
-    def __getattr__(self, name):
-        obj = getattr(self._module, name)
-        if not isinstance(obj, types.FunctionType):
-            return obj
-
-        def call(*args, **kwargs):
-            def to(t):
-                return t.cuda() if isinstance(t, torch.Tensor) else t
-
-            out = obj(*map(to, args), **{k: to(v) for k, v in kwargs.items()})
-            return out.cpu() if isinstance(out, torch.Tensor) else out
-
-        return call
 
 
 def _problem(d, dtype, p, *, n=N, m=M, seed=0):
