@@ -194,6 +194,13 @@ def positive_int(value, name: str, allow_none: bool) -> Optional[int]:
     return value
 
 
+def non_negative_int(value, name: str) -> int:
+    """An int >= 0 (bool refused), else ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    return value
+
+
 def check_int(value, name: str, minimum: int) -> int:
     """An int >= minimum: TypeError for anything that is not an int (bool and float too), ValueError below."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

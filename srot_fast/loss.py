@@ -141,8 +141,7 @@ class SROTLoss(nn.Module):
         self.ce_floor = _checks.check_positive(ce_floor, "ce_floor")
         if tol is not None:
             tol = _checks.check_positive(tol, "tol")
-        if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 0:
-            raise ValueError(f"max_iter must be a non-negative int, got {max_iter!r}")
+        max_iter = _checks.non_negative_int(max_iter, "max_iter")
         self.debias, self.potentials, self.backend = bool(debias), bool(potentials), backend
         self.verbose = bool(verbose)
         self.strategy, self.detector = strategy, detector

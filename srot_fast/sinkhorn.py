@@ -336,11 +336,8 @@ def _solve(x, y, a=None, b=None, *, p, eps, penalty="balanced", tau=None, mass=N
         raise ValueError(f"scaling must be in (0, 1), got {scaling}")
     if tol is not None:
         tol = _checks.check_positive(tol, "tol")
-    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 0:
-        raise ValueError(f"max_iter must be a non-negative int, got {max_iter!r}")
-    if check_every is not None and (isinstance(check_every, bool) or not isinstance(check_every, int)
-                                    or check_every < 1):
-        raise ValueError(f"check_every must be a positive int or None, got {check_every!r}")
+    max_iter = _checks.non_negative_int(max_iter, "max_iter")
+    check_every = _checks.positive_int(check_every, "check_every", allow_none=True)
     pen_a, pen_b = _penalties(penalty, tau)
     if mass is not None:
         if penalty != "balanced":
