@@ -173,3 +173,26 @@ def assert_argmax(idx, logits, rtol):
     short = (best - chosen)[live]
     assert (short <= tol).all(), f"chosen logit {short.max().item():.3g} below the row maximum (tolerance {tol:.3g})"
     assert (idx[~live] == 0).all(), idx[~live]
+
+
+def optional_backend(name: str):
+    """The primitives module of 'keops' or 'triton' for kernel tests: skips when the package is missing or,
+    for Triton, when there is neither CUDA nor TRITON_INTERPRET=1; on CUDA the Triton module is wrapped in
+    :class:`OnCuda` so the tests compare GPU results with CPU float64 references."""
+    import os
+
+    import pytest
+
+    if name == "keops":
+        pytest.importorskip("pykeops")
+        from srot_fast.kernels import keops_ops
+
+        return keops_ops
+    if name == "triton":
+        pytest.importorskip("triton")
+        if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("no CUDA and TRITON_INTERPRET is not set")
+        from srot_fast.kernels import triton_softmin
+
+        return OnCuda(triton_softmin) if torch.cuda.is_available() else triton_softmin
+    raise ValueError(f"not an optional backend: {name!r}")

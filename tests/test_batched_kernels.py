@@ -19,7 +19,7 @@ import textwrap
 
 import pytest
 import torch
-from reference import OnCuda, assert_argmax
+from reference import assert_argmax, optional_backend
 from srot_fast.kernels import tensorized as ref
 
 from srot_fast.backends import available_backends
@@ -41,19 +41,7 @@ def _module(name: str):
         from srot_fast.kernels import cpu_ops
 
         return cpu_ops
-    if name == "keops":
-        pytest.importorskip("pykeops")
-        from srot_fast.kernels import keops_ops
-
-        return keops_ops
-    if name == "triton":
-        pytest.importorskip("triton")
-        if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-            pytest.skip("no CUDA and TRITON_INTERPRET is not set")
-        from srot_fast.kernels import triton_softmin
-
-        return OnCuda(triton_softmin) if torch.cuda.is_available() else triton_softmin
-    raise ValueError(name)
+    return optional_backend(name)
 
 
 def _marks(name):

@@ -13,7 +13,6 @@ blocks. One GPU-only test checks that the ``tl.dot`` path is fp32-accurate (no T
 from __future__ import annotations
 
 import math
-import os
 import re
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import types
 
 import pytest
 import torch
-from reference import OnCuda
+from reference import optional_backend
 from srot_fast.kernels import cpu_ops
 from srot_fast.kernels import tensorized as ref
 
@@ -47,19 +46,7 @@ def _backend(name: str):
             plan_argmax=cpu_ops.torch_plan_argmax,
             max_cost=cpu_ops.torch_max_cost,
         )
-    if name == "keops":
-        pytest.importorskip("pykeops")
-        from srot_fast.kernels import keops_ops
-
-        return keops_ops
-    if name == "triton":
-        pytest.importorskip("triton")
-        if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-            pytest.skip("no CUDA and TRITON_INTERPRET is not set")
-        from srot_fast.kernels import triton_softmin
-
-        return OnCuda(triton_softmin) if torch.cuda.is_available() else triton_softmin
-    raise ValueError(name)
+    return optional_backend(name)
 
 
 def _problem(d, dtype, p, *, n=N, m=M, seed=0):
