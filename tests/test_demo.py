@@ -1,6 +1,6 @@
-"""``srot-fast demo --quick`` (srot_fast.demo / srot_fast.cli): files written, and the paper's headline claims on
-the quick run -- SROT hard / soft move <= 1 % of their mass from or to type-II outliers, while OT, UOT and partial
-OT move at least the outliers' share; SROT hard fits the clean data better than OT in the flow.
+"""``srot-fast demo --quick`` (srot_fast.experiments.demo, srot_fast.cli): files written, and the paper's headline
+claims on the quick run -- SROT hard / soft move <= 1 % of their mass from or to type-II outliers, while OT, UOT and
+partial OT move at least the outliers' share; SROT hard fits the clean data better than OT in the flow.
 
 Two module-scoped quick runs serve the tests (skipped without matplotlib / POT; the command-line checks are not):
 
@@ -16,13 +16,15 @@ import json
 import pytest
 import torch
 
-from srot_fast import cli, demo
+from srot_fast import cli
+from srot_fast import detector as detector_module
 from srot_fast.datasets import make_flow_2d, make_toy_2d
+from srot_fast.experiments import demo, flow2d
 
 # Slack below the outliers' share for OT / UOT / partial: exact OT and partial OT hit the share up to rounding;
 # the entropic plans (toy: tol 1e-6; flow plan at beta_T: tol 1e-4) move it by at most their relative L1 marginal
 # error, far below this 0.1 percentage point (it is the one the demo's own claim check uses).
-TOL = demo.CLAIM_TOL
+TOL = demo.SHARE_TOL
 TOY_SHARE = 4 / 75       # type-II outliers' share of each toy measure
 FLOW_SHARE = 0.1         # type-II outliers' share of alpha in the flow
 
@@ -36,20 +38,25 @@ def _skip_without_extras():
 def quick(tmp_path_factory):
     _skip_without_extras()
     out = tmp_path_factory.mktemp("demo_quick")
-    metrics = demo.run(out, quick=True, progress=False)
+    metrics = demo.run(_args(out))
     return out, metrics
+
+
+def _args(out):
+    return cli.build_parser().parse_args(["demo", "--quick", "--no-progress", "--out", str(out)])
 
 
 class _OracleDetector:
     """Stands in for OutlierDetector in the demo: P(target | z) = 0.95 or 0.05 from the true side of the nearest
     fitted point (a type-II outlier counts for the other side), so exactly the type-II outliers are flagged."""
 
-    def __init__(self, method="vat", seed=0, progress=False):
+    def __init__(self, method="vat", seed=0, progress=False, device=None):
         self.seed = seed
+        self.eta_, self.n_epochs_ = None, 0
 
     def fit(self, source, target):
         toy = make_toy_2d(n=75, n_type1=6, n_type2=4, seed=self.seed, dtype=source.dtype)
-        flow = make_flow_2d(demo.QUICK_N, demo.OUTLIER_FRAC, seed=self.seed, dtype=source.dtype)
+        flow = make_flow_2d(flow2d.QUICK_N, flow2d.OUTLIER_FRAC, seed=self.seed, dtype=source.dtype)
         if source.shape == toy.x.shape and torch.equal(source, toy.x):
             src_out, tgt_out = toy.x_type2, toy.y_type2
         elif source.shape == flow.alpha.shape and torch.equal(source, flow.alpha):
@@ -70,8 +77,8 @@ def oracle(tmp_path_factory):
     _skip_without_extras()
     out = tmp_path_factory.mktemp("demo_oracle")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(demo, "OutlierDetector", _OracleDetector)
-        metrics = demo.run(out, quick=True, progress=False)
+        mp.setattr(detector_module, "OutlierDetector", _OracleDetector)
+        metrics = demo.run(_args(out))
     return out, metrics
 
 
@@ -101,14 +108,14 @@ def _check_toy_robust(toy):
 
 def _check_flow_classic(metrics):
     flow = metrics["flow"]["methods"]
-    assert metrics["flow"]["n"] == demo.QUICK_N and metrics["flow"]["steps"] == demo.QUICK_STEPS
+    assert metrics["flow"]["n"] == flow2d.QUICK_N and metrics["flow"]["steps"] == flow2d.QUICK_STEPS
     _, classic = _split(flow)
     assert len(classic) == 3
     for k in classic:
         assert flow[k]["alpha_outlier_share"] >= FLOW_SHARE - TOL, (k, flow[k]["alpha_outlier_share"])
     for m in flow.values():  # the flow moved towards alpha_c and the W1 curve was recorded
         assert m["W1_alpha_c_beta_T"] < m["W1_alpha_c_beta_0"]
-        assert m["W1_curve"][0][0] == 0 and m["W1_curve"][-1][0] == demo.QUICK_STEPS
+        assert m["W1_curve"][0][0] == 0 and m["W1_curve"][-1][0] == flow2d.QUICK_STEPS
 
 
 def _check_flow_robust(flow):
@@ -178,7 +185,7 @@ def test_shipped_run_claims_table_is_consistent(quick):
         assert 0 <= v["src_type2_found"] <= v["n_type2_per_side"] == 4
         assert 0 <= v["tgt_type2_found"] <= 4 and 0 <= v["clean_flagged"] <= 2 * 75 - 8
     for v in flow_det.values():
-        assert 0 <= v["alpha_outliers_found"] <= v["n_alpha_outliers"] == round(FLOW_SHARE * demo.QUICK_N)
+        assert 0 <= v["alpha_outliers_found"] <= v["n_alpha_outliers"] == round(FLOW_SHARE * flow2d.QUICK_N)
 
 
 def test_shipped_run_robust_claims(quick):
@@ -204,15 +211,16 @@ def test_cli_main(quick, tmp_path, monkeypatch, capsys):
     _, metrics = quick
     seen = {}
 
-    def fake_run(out_dir, **kw):
-        seen.update(kw, out_dir=out_dir)
+    def fake_run(args):
+        seen.update(vars(args))
         return metrics
 
     monkeypatch.setattr(demo, "run", fake_run)
     out = tmp_path / "cli_out"
     assert cli.main(["demo", "--quick", "--out", str(out), "--no-progress"]) == 0
-    assert seen == {"out_dir": str(out), "quick": True, "seed": 0, "backend": "auto", "progress": False,
-                    "num_threads": 1}
+    assert {k: seen[k] for k in ("out", "quick", "seed", "backend", "progress", "threads", "device")} == {
+        "out": str(out), "quick": True, "seed": 0, "backend": "auto", "progress": False, "threads": 1,
+        "device": "cpu"}
     assert "wrote" in capsys.readouterr().out
 
 

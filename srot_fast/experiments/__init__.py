@@ -2,7 +2,8 @@
 
 Each module defines ``NAME`` (the sub-command), ``HELP`` (one line), ``add_arguments(parser)`` (its own
 options; the common ones -- ``--out --quick --seed --backend --device --threads --no-progress`` -- are
-added by :func:`srot_fast.experiments._common.add_common`) and ``run(args) -> dict`` which writes PNG
-figures, ``metrics.json`` and ``metrics.md`` into ``args.out`` and returns the metrics.
+added by :func:`srot_fast.experiments._common.add_common`; an optional ``DEFAULT_DEVICE`` sets the
+``--device`` default) and ``run(args) -> dict`` which writes PNG figures, ``metrics.json`` and ``metrics.md``
+into ``args.out`` and returns the metrics (with a "claims" list whose entries have "passed").
 """
-MODULES = ("flow2d", "flow_images", "monge", "label_prop", "gan")
+MODULES = ("demo", "flow2d", "flow_images", "monge", "label_prop", "gan")

@@ -12,20 +12,33 @@ from typing import Optional
 import torch
 
 BACKENDS = ("auto", "tensorized", "cpu", "keops", "triton")
+EXTRAS_HINT = "pip install 'srot_fast[experiments]'"
 
 
 class CliError(ValueError):
     """A user-facing error of an experiment (bad option, missing data): ``srot-fast`` prints it, exit code 2."""
 
 
-def add_common(p: argparse.ArgumentParser, default_out: str) -> None:
-    """The options every experiment takes."""
+def require(module: str):
+    """Import an optional dependency of the experiments; ImportError with the install command when missing."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError(f"srot-fast experiments need {module!r}: {EXTRAS_HINT}") from err
+
+
+def add_common(p: argparse.ArgumentParser, default_out: str, default_device: Optional[str] = None) -> None:
+    """The options every experiment takes. ``default_device``: the ``--device`` default (``None``: cuda when
+    available, else cpu)."""
+    device_default = ("cuda when available, else cpu" if default_device is None else default_device)
     p.add_argument("--out", default=default_out, help=f"output folder for figures and metrics (default: {default_out})")
     p.add_argument("--quick", action="store_true", help="small, fast version (for tests and smoke checks)")
     p.add_argument("--seed", type=int, default=0, help="data, model and detector seed (default: 0)")
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="Sinkhorn backend (default: auto)")
-    p.add_argument("--device", default=None,
-                   help="torch device, e.g. cpu or cuda (default: cuda when available, else cpu)")
+    p.add_argument("--device", default=default_device,
+                   help=f"torch device, e.g. cpu or cuda (default: {device_default})")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads during the run (default: 1; 0 keeps torch's setting)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
@@ -57,11 +70,22 @@ def threads(n: Optional[int]):
 
 
 class Timer:
+    """Wall-clock and process CPU time since creation, in seconds (rounded to 0.01 s)."""
+
     def __init__(self):
-        self.t0 = time.perf_counter()
+        self.t0, self.c0 = time.perf_counter(), time.process_time()
 
     def read(self) -> float:
+        """Wall-clock seconds."""
         return round(time.perf_counter() - self.t0, 2)
+
+    def cpu(self) -> float:
+        """CPU seconds of this process (all threads)."""
+        return round(time.process_time() - self.c0, 2)
+
+    def both(self) -> dict:
+        """{"wall_s": wall-clock seconds, "cpu_s": CPU seconds}."""
+        return {"wall_s": self.read(), "cpu_s": self.cpu()}
 
 
 def start(args) -> tuple:

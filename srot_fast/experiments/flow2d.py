@@ -4,9 +4,12 @@ r"""``srot-fast flow2d``: the paper's 2-D gradient flow (§4, Fig. 3) with the d
 alpha = clean annulus alpha_c + 10 % outliers drawn from beta_0's law (:func:`srot_fast.datasets.make_flow_2d`);
 beta_t starts at beta_0 and moves by y <- y - lr * M * grad_y h(alpha, beta_t) (explicit Euler, GeomLoss
 convention). Losses h: OT, UOT (KL), partial OT (mass 0.9), SROT-CE hard, SROT hard, SROT soft (partial OT,
-mass 0.9) with and without the paper's rescaling of beta to mass 0.9. Ground cost |x - y| (p = 1), blur 0.05,
-per-step Sinkhorn tolerance and UOT reach as in ``srot-fast demo`` (constants imported from
-:mod:`srot_fast.demo`; see its docstring for why p = 1).
+mass 0.9) with and without the paper's rescaling of beta to mass 0.9. Ground cost |x - y| (p = 1), blur 0.05.
+``srot-fast demo`` runs the same flows (:func:`run_flows`) at the quick size.
+
+Why p = 1 (the paper's Euclidean cost): with blur 0.05, eps = 0.05 and max C / eps ~ 90, so a warm-started
+Sinkhorn step converges in a few iterations. With p = 2 and the same blur, eps = 0.0025 and max C / eps ~ 4000:
+each flow step needs hundreds of iterations (and float32 stalls near a 1e-3 marginal error).
 
 The detectors (VAT and CE-only, :class:`srot_fast.OutlierDetector`) are fitted once, on alpha (source) versus
 beta_0 (target), before the flows; beta_t's points are never flagged.
@@ -25,6 +28,7 @@ from typing import Callable, Optional
 import torch
 
 from . import _common
+from ._plots2d import fig_flow
 
 NAME = "flow2d"
 HELP = "2-D gradient flow with 10 percent type-II outliers in the data (paper §4, Fig. 3): OT, UOT, partial OT, SROT"
@@ -35,6 +39,15 @@ OUTLIER_FRAC = 0.1
 PLOT_POINTS = 2000
 MAX_SROT_SHARE = 0.01     # SROT hard / soft: at most 1 % of the transported mass leaves alpha's outliers
 SHARE_TOL = 1e-3          # slack below the outliers' 10 % for OT / UOT / partial (Sinkhorn tolerance)
+P = 1                     # ground cost |x - y|
+BLUR = 0.05               # eps = BLUR**P
+FLOW_TOL = 3e-3           # Sinkhorn tolerance per flow step (warm-started); the final plan is re-solved at FINAL_TOL
+FINAL_TOL = 1e-4          # plan at beta_T: share metrics accurate to ~1e-4
+MASS = 0.9                # partial OT and SROT soft: the clean share of alpha
+REACH = 3.0               # UOT (KL), tau = reach**p = 3 ~ the initial gap W1(alpha_c, beta_0) ~ 3: moving beta's
+#                           mass across the gap costs about as much as destroying it, the regime where UOT acts as
+#                           a robust variant yet beta_t still flows to alpha_c (a smaller reach leaves most of
+#                           beta at the outliers, a larger one behaves like OT)
 
 
 def add_arguments(p) -> None:
@@ -65,7 +78,7 @@ def subsample_index(n: int, k: int, gen: torch.Generator) -> torch.Tensor:
 
 def exact_w(x: torch.Tensor, y: torch.Tensor, p: int) -> float:
     """Exact W_p between uniform measures on x and y (``ot.emd2``; cost |x - y|^p, result to the power 1/p)."""
-    import ot
+    ot = _common.require("ot")
 
     xn = x.detach().to("cpu", torch.float64).numpy()
     yn = y.detach().to("cpu", torch.float64).numpy()
@@ -135,7 +148,8 @@ def run_flow(name: str, alpha: torch.Tensor, beta0: torch.Tensor, *, a: torch.Te
     return {"beta_T": y, "curve": curve, "values": values, "iters": iters, "snapshots": snaps,
             "row_mass": final.row_mass.detach(), "col_mass": final.col_mass.detach(),
             "final_value": float(final.value.detach()), "final_iters": final.n_iter,
-            "final_marginal_error": float(final.marginal_error), "backend": final.backend, "wall_s": timer.read()}
+            "final_marginal_error": float(final.marginal_error), "backend": final.backend, "wall_s": timer.read(),
+            "cpu_s": timer.cpu()}
 
 
 claim = _common.claim
@@ -153,7 +167,8 @@ def fit_detectors(alpha: torch.Tensor, beta0: torch.Tensor, is_out: torch.Tensor
         scores[k] = det.predict_proba(alpha).to(device, alpha.dtype)
         flagged = scores[k] > 0.5
         detection[k] = {"alpha_outliers_found": int((flagged & is_out).sum()), "n_alpha_outliers": int(is_out.sum()),
-                        "alpha_clean_flagged": int((flagged & ~is_out).sum()), "eta": det.eta_,
+                        "alpha_clean_flagged": int((flagged & ~is_out).sum()),
+                        "beta0_flagged": int((det.predict_proba(beta0) < 0.5).sum()), "eta": det.eta_,
                         "epochs": det.n_epochs_}
     return scores, detection
 
@@ -165,8 +180,53 @@ def flow_metrics(r: dict, is_out: torch.Tensor) -> dict:
     it = torch.tensor(r["iters"], dtype=torch.float64)
     return {"alpha_outlier_share": float(row[is_out].sum()) / moved if moved > 0 else float("nan"),
             "transported_mass": moved, "mean_iters_per_step": float(it.mean()), "max_iters_per_step": int(it.max()),
+            "total_iters": int(it.sum()), "final_plan_iters": r["final_iters"],
             "final_marginal_error": r["final_marginal_error"], "backend": r["backend"], "wall_s": r["wall_s"],
-            "loss_curve": r["values"]}
+            "cpu_s": r["cpu_s"], "loss_curve": r["values"]}
+
+
+def flow_specs(a: torch.Tensor, b: torch.Tensor, s_alpha: dict, with_ce: bool) -> list:
+    """The flows of the 2-D experiment, [(name, run_flow keywords)]: OT, UOT (KL), partial OT, SROT-CE hard
+    (``with_ce``), SROT hard, SROT soft without and with the rescaling of beta to mass MASS. ``a`` (N,), ``b``
+    (M,): uniform weights; ``s_alpha``: {"vat"/"ce": (N,) P(target) of alpha's points}."""
+    from ..weights import hard_weights
+
+    n = len(b)
+    beta_clean = torch.ones(n, dtype=b.dtype, device=b.device)  # P(target) = 1: beta's points are never flagged
+
+    def hard(k):
+        return hard_weights(a, s_alpha[k], b, beta_clean)[0]
+
+    specs = [
+        ("OT", dict(a=a, b=b, solver_kw={}, soft_scores=None)),
+        (f"UOT (KL, reach={REACH:g})", dict(a=a, b=b, solver_kw=dict(penalty="kl", tau=REACH**P), soft_scores=None)),
+        (f"Partial OT (m={MASS:g})", dict(a=a, b=b, solver_kw=dict(mass=MASS), soft_scores=None)),
+    ]
+    if with_ce:
+        specs.append(("SROT-CE hard", dict(a=hard("ce"), b=b, solver_kw={}, soft_scores=None)))
+    b_scaled = torch.full((n,), MASS / n, dtype=b.dtype, device=b.device)
+    specs += [
+        ("SROT hard", dict(a=hard("vat"), b=b, solver_kw={}, soft_scores=None)),
+        (f"SROT soft (partial m={MASS:g})", dict(a=a, b=b, solver_kw=dict(mass=MASS), soft_scores=s_alpha["vat"])),
+        ("SROT soft (rescaled)", dict(a=a, b=b_scaled, solver_kw=dict(mass=MASS), soft_scores=s_alpha["vat"])),
+    ]
+    return specs
+
+
+def run_flows(specs: list, alpha: torch.Tensor, beta0: torch.Tensor, is_out: torch.Tensor, **flow_kw) -> tuple:
+    """Run :func:`run_flow` for each of :func:`flow_specs` (p = P, eps = BLUR**P, tolerances FLOW_TOL / FINAL_TOL;
+    ``flow_kw``: lr, steps, every, evaluate, w0, backend, progress, snapshots). Returns ({name: run_flow result},
+    {name: metrics}): the W1 curve and its last value, the share of beta_T left in beta_0's blob, and
+    :func:`flow_metrics`."""
+    runs, methods = {}, {}
+    centre = beta0.mean(0)
+    for name, kw in specs:
+        r = run_flow(name, alpha, beta0, p=P, eps=BLUR**P, tol=FLOW_TOL, final_tol=FINAL_TOL, **flow_kw, **kw)
+        runs[name] = r
+        near = (r["beta_T"] - centre).norm(dim=1) < 1.0  # beta_T points left in beta_0's blob (3.3 sigma)
+        methods[name] = {"W1_alpha_c_beta_T": r["curve"][-1][1], "beta_T_left_at_outliers": float(near.double().mean()),
+                         "W1_curve": [list(c) for c in r["curve"]], **flow_metrics(r, is_out)}
+    return runs, methods
 
 
 def detector_claim(detection: dict) -> dict:
@@ -207,8 +267,6 @@ def _settings(args) -> dict:
 
 def run(args) -> dict:
     from ..datasets import Flow2D, make_flow_2d
-    from ..demo import FINAL_TOL, FLOW_BLUR, FLOW_MASS, FLOW_P, FLOW_REACH, FLOW_TOL, _fig_flow
-    from ..weights import hard_weights
 
     cfg = _settings(args)
     n, steps, lr, every = cfg["n"], cfg["steps"], cfg["lr"], cfg["every"]
@@ -239,36 +297,9 @@ def run(args) -> dict:
 
     a = torch.full((n,), 1.0 / n, dtype=alpha.dtype, device=device)
     b = torch.full((n,), 1.0 / n, dtype=alpha.dtype, device=device)
-    b_scaled = b * FLOW_MASS
-    beta_clean = torch.ones(n, dtype=alpha.dtype, device=device)  # P(target) = 1: beta's points are never flagged
-
-    def hard(k):
-        return hard_weights(a, s_alpha[k], b, beta_clean)[0]
-
-    specs = [
-        ("OT", dict(a=a, b=b, solver_kw={}, soft_scores=None)),
-        (f"UOT (KL, reach={FLOW_REACH:g})", dict(a=a, b=b, solver_kw=dict(penalty="kl", tau=FLOW_REACH**FLOW_P),
-                                                 soft_scores=None)),
-        (f"Partial OT (m={FLOW_MASS:g})", dict(a=a, b=b, solver_kw=dict(mass=FLOW_MASS), soft_scores=None)),
-    ]
-    if args.ce:
-        specs.append(("SROT-CE hard", dict(a=hard("ce"), b=b, solver_kw={}, soft_scores=None)))
-    specs += [
-        ("SROT hard", dict(a=hard("vat"), b=b, solver_kw={}, soft_scores=None)),
-        (f"SROT soft (partial m={FLOW_MASS:g})", dict(a=a, b=b, solver_kw=dict(mass=FLOW_MASS),
-                                                      soft_scores=s_alpha["vat"])),
-        ("SROT soft (rescaled)", dict(a=a, b=b_scaled, solver_kw=dict(mass=FLOW_MASS), soft_scores=s_alpha["vat"])),
-    ]
-    runs, methods = {}, {}
-    centre = beta0.mean(0)
-    for name, kw in specs:
-        r = run_flow(name, alpha, beta0, p=FLOW_P, eps=FLOW_BLUR**FLOW_P, lr=lr, steps=steps, every=every,
-                     evaluate=w1, tol=FLOW_TOL, final_tol=FINAL_TOL, backend=args.backend, progress=args.progress,
-                     snapshot_steps=snap_steps, snapshot_index=p_ib, w0=w0, **kw)
-        runs[name] = r
-        near = (r["beta_T"] - centre).norm(dim=1) < 1.0  # beta_T points left in beta_0's blob (3.3 sigma)
-        methods[name] = {"W1_alpha_c_beta_T": r["curve"][-1][1], "beta_T_left_at_outliers": float(near.double().mean()),
-                         "W1_curve": [list(c) for c in r["curve"]], **flow_metrics(r, is_out)}
+    runs, methods = run_flows(flow_specs(a, b, s_alpha, args.ce), alpha, beta0, is_out, lr=lr, steps=steps,
+                              every=every, evaluate=w1, w0=w0, backend=args.backend, progress=args.progress,
+                              snapshot_steps=snap_steps, snapshot_index=p_ib)
     t_flow = tm.read() - t_det
 
     # figures
@@ -276,8 +307,8 @@ def run(args) -> dict:
     files = {"flow2d_final": out / "flow2d_final.png", "flow2d_snapshots": out / "flow2d_snapshots.png",
              "flow2d_w1": out / "flow2d_w1.png"}
     sub = Flow2D(d.alpha[p_ia], d.alpha_outlier[p_ia], d.beta0[p_ib.cpu()])
-    _fig_flow({"data": sub, "runs": {k: {"beta_T": r["beta_T"][p_ib].cpu()} for k, r in runs.items()},
-               "methods": methods, "lr": lr, "steps": steps}, files["flow2d_final"], 80)
+    fig_flow({"data": sub, "runs": {k: {"beta_T": r["beta_T"][p_ib].cpu()} for k, r in runs.items()},
+              "methods": methods, "lr": lr, "steps": steps, "blur": BLUR}, files["flow2d_final"], 80)
     _fig_snapshots(sub, runs, snap_steps, files["flow2d_snapshots"])
     fig_curves(methods, w0, files["flow2d_w1"], len(w_ic), len(w_ib), metric="W1", linthresh=1e-3,
                cost="cost |x-y|")
@@ -286,8 +317,8 @@ def run(args) -> dict:
     claims = _claims(methods, detection)
     config = {"quick": bool(args.quick), "seed": args.seed, "backend": args.backend, "device": str(device),
               "threads": torch.get_num_threads(), "n": n, "steps": steps, "lr": lr, "w1_every": every,
-              "w1_points": args.w1_points, "w1_points_used": [len(w_ic), len(w_ib)], "p": FLOW_P, "blur": FLOW_BLUR,
-              "flow_tol": FLOW_TOL, "final_tol": FINAL_TOL, "uot_reach": FLOW_REACH, "partial_mass": FLOW_MASS,
+              "w1_points": args.w1_points, "w1_points_used": [len(w_ic), len(w_ib)], "p": P, "blur": BLUR,
+              "flow_tol": FLOW_TOL, "final_tol": FINAL_TOL, "uot_reach": REACH, "partial_mass": MASS,
               "outlier_frac": OUTLIER_FRAC, "detector": "OutlierDetector(method='vat'/'ce'), fitted once on "
                                                          "alpha (source) vs beta_0 (target)",
               "snapshot_steps": snap_steps}
