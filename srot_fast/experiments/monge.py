@@ -142,8 +142,8 @@ def train_map(z: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, steps
     return net, losses
 
 
-# ----------------------------------------------------------------------------------------------------- run
-def _solve(method, zb, xa, w_beta, w_alpha, eps, backend, offsets):
+# ----------------------------------------------------------------------------------------------------- solve
+def _plan(method, zb, xa, w_beta, w_alpha, eps, backend, offsets):
     """Plan with rows = beta (map inputs), columns = alpha; returns the SinkhornResult."""
     import warnings
 
@@ -165,14 +165,10 @@ def _solve(method, zb, xa, w_beta, w_alpha, eps, backend, offsets):
     raise ValueError(kind)
 
 
-def run(args) -> dict:
-    import matplotlib.pyplot as plt
-
-    from ..sinkhorn import sinkhorn
-    from ..weights import hard_weights, soft_offsets
+def _settings(args) -> dict:
+    """The run's sizes and options (``--quick`` defaults filled in); CliError on a bad value."""
     from . import _common
 
-    timer, device, out = _common.start(args)
     quick = bool(args.quick)
     n_clean = args.n_clean if args.n_clean is not None else (255 if quick else 1700)
     if not 0.0 <= args.outlier_rate < 1.0:
@@ -184,28 +180,39 @@ def run(args) -> dict:
     if n_clean + n_out + n_target > 5000:
         raise _common.CliError(f"--n-clean/--n-target: {n_clean} + {n_out} outliers + {n_target} exceeds the 5000 "
                                "MNIST images of the bundled subset")
-    size = args.size
-    if size < 4:
+    if args.size < 4:
         raise _common.CliError("--size must be >= 4")
     blur = 0.15 if args.blur is None else float(args.blur)
     if not blur > 0:
         raise _common.CliError("--blur must be > 0")
-    map_steps = args.map_steps if args.map_steps is not None else (100 if quick else 600)
-    epochs = args.epochs if args.epochs is not None else (8 if quick else 20)
-    masses = PARTIAL_MASSES_QUICK if quick else PARTIAL_MASSES
-    seed = int(args.seed)
+    return {"quick": quick, "seed": int(args.seed), "n_clean": n_clean, "n_out": n_out, "n_target": n_target,
+            "size": args.size, "blur": blur, "map_steps": args.map_steps if args.map_steps is not None else
+            (100 if quick else 600), "epochs": args.epochs if args.epochs is not None else (8 if quick else 20),
+            "masses": PARTIAL_MASSES_QUICK if quick else PARTIAL_MASSES}
 
-    alpha_img, is_out, beta_img = build_data(n_clean, n_out, n_target, size, seed)
-    t_data = timer.read()
 
-    # detector: source = alpha (label 0), target = beta (label 1); an alpha image with P(target) > 1/2 is an outlier
-    det, s_alpha, s_beta, flag_a, flag_b = _common.vat_scores(alpha_img, beta_img, epochs=epochs, omega=args.omega,
-                                                              seed=seed, progress=args.progress, device=device)
-    t_det = timer.read()
-    detection = {"recall": float(flag_a[is_out].float().mean()) if n_out else None,
+def _fit(alpha_img, is_out, beta_img, cfg: dict, args, device) -> tuple:
+    """The VAT detector, source = alpha (label 0), target = beta (label 1); an alpha image with P(target) > 1/2
+    is an outlier. Returns (detector, s_alpha, s_beta, detection summary)."""
+    from . import _common
+
+    det, s_alpha, s_beta, flag_a, flag_b = _common.vat_scores(alpha_img, beta_img, epochs=cfg["epochs"],
+                                                              omega=args.omega, seed=cfg["seed"],
+                                                              progress=args.progress, device=device)
+    detection = {"recall": float(flag_a[is_out].float().mean()) if cfg["n_out"] else None,
                  "clean_flagged": float(flag_a[~is_out].float().mean()),
                  "target_flagged": float(flag_b.float().mean()),
-                 "eta": float(det.eta_), "epochs": epochs}
+                 "eta": float(det.eta_), "epochs": cfg["epochs"]}
+    return det, s_alpha, s_beta, detection
+
+
+def _solve(alpha_img, is_out, beta_img, s_alpha, s_beta, cfg: dict, args, device) -> dict:
+    """Every method's plan, barycentric projection and MLP map, with the metrics of the module docstring.
+    Returns the problem's scales (eps, median distance, gamma), per-method results, the mapped images and
+    W(alpha_c, beta) of the identity map."""
+    from ..sinkhorn import sinkhorn
+    from ..weights import hard_weights, soft_offsets
+    from . import _common
 
     dt = torch.float32
     xa = alpha_img.flatten(1).to(device, dt)
@@ -215,9 +222,8 @@ def run(args) -> dict:
     w_alpha = torch.full((na,), 1.0 / na, device=device, dtype=dt)
     w_beta = torch.full((nb,), 1.0 / nb, device=device, dtype=dt)
     # eps from the data scale: median pairwise distance between beta and alpha (subsample)
-    sub = torch.cdist(zb[:300], xa[:300])
-    median = float(sub.median())
-    eps = (blur * median) ** 2 / 2
+    median = float(torch.cdist(zb[:300], xa[:300]).median())
+    eps = (cfg["blur"] * median) ** 2 / 2
     backend = args.backend
 
     # offsets for soft SROT (gamma = max C) and hard weights
@@ -229,7 +235,7 @@ def run(args) -> dict:
         raise _common.CliError(f"the detector flagged a whole side ({err}); try more --epochs") from err
 
     methods = [{"name": "OT", "kind": "ot"}]
-    methods += [{"name": f"partial {m:g}", "kind": "partial", "mass": m} for m in masses]
+    methods += [{"name": f"partial {m:g}", "kind": "partial", "mass": m} for m in cfg["masses"]]
     methods += [{"name": "SROT hard", "kind": "hard"}, {"name": "SROT soft", "kind": "soft", "mass": SOFT_MASS}]
 
     def w_dist(points):
@@ -246,22 +252,19 @@ def run(args) -> dict:
     def grey_share(points):
         return float((colour(points) < grey_thr).float().mean())
 
-    results = {}
-    maps = {}
-    t_methods = {}
+    results, maps, t_methods = {}, {}, {}
     for k, meth in enumerate(methods):
         t0 = _common.Timer()
         if meth["kind"] == "hard":
-            res = _solve(meth, zb, xa, wb_hard.to(device, dt), wa_hard.to(device, dt), eps, backend, None)
+            res = _plan(meth, zb, xa, wb_hard.to(device, dt), wa_hard.to(device, dt), eps, backend, None)
         else:
-            res = _solve(meth, zb, xa, w_beta, w_alpha, eps, backend,
-                         (u_alpha.to(device, dt), v_beta.to(device, dt)))
+            res = _plan(meth, zb, xa, w_beta, w_alpha, eps, backend, (u_alpha.to(device, dt), v_beta.to(device, dt)))
         col = res.col_mass.detach()               # mass arriving at each alpha image
         row = res.row_mass.detach()               # mass leaving each beta image
         bary = res.barycentric_projection().detach()
         total = float(col.sum())
         out_share = float(col[is_out.to(device)].sum()) / total
-        net, losses = train_map(zb.cpu(), bary.cpu(), row.cpu(), map_steps, args.map_hidden, seed + k,
+        net, losses = train_map(zb.cpu(), bary.cpu(), row.cpu(), cfg["map_steps"], args.map_hidden, cfg["seed"] + k,
                                 progress=args.progress)
         with torch.no_grad():
             mapped = net(zb.cpu()).to(device, dt)
@@ -278,11 +281,21 @@ def run(args) -> dict:
             "marginal_error": res.marginal_error,
         }
         t_methods[meth["name"]] = t0.read()
-    w_clean_ref = w_dist(zb)   # identity map: W(alpha_c, beta)
+    return {"results": results, "maps": maps, "t_methods": t_methods, "w_clean_ref": w_dist(zb),
+            "eps": eps, "median": median, "gamma": gamma, "dim": xa.shape[1]}
 
-    # ---------------------------------------------------------------- figures
+
+# ----------------------------------------------------------------------------------------------------- report
+def _figures(alpha_img, is_out, beta_img, sol: dict, out: Path) -> dict:
+    """monge_samples.png (inputs, clean and outlier images, each method's T(z)) and monge_w.png."""
+    import matplotlib.pyplot as plt
+
+    from . import _common
+
+    results, maps, w_clean_ref = sol["results"], sol["maps"], sol["w_clean_ref"]
     files = {}
     ncol = 10
+    nb = len(beta_img)
     pick = torch.arange(ncol) * max(1, nb // ncol)
     rows = [("beta (input, MNIST)", beta_img[pick]),
             ("alpha_c (clean MNIST-M-like)", alpha_img[~is_out][:ncol]),
@@ -316,12 +329,14 @@ def run(args) -> dict:
         ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
     fig.tight_layout()
     files["w"] = _common.savefig(fig, out / "monge_w.png")
+    return files
 
-    # ---------------------------------------------------------------- claims
-    r = results
+
+def _claims(r: dict, detection: dict, n_out: int, n_clean: int) -> list:
+    names = list(r)
     partners = [n for n in names if n.startswith("partial") or n == "OT"]
     best_partner = min(r[n]["W_alpha_c_T_beta"] for n in partners)
-    claims = [
+    return [
         {"claim": "the VAT detector flags the MNIST outliers of alpha (recall >= 0.9, <= 5 % clean flagged)",
          "passed": bool((detection["recall"] or 0) >= 0.9 and detection["clean_flagged"] <= 0.05),
          "detail": f"recall {detection['recall']:.3f}, clean flagged {detection['clean_flagged']:.3f}, "
@@ -346,29 +361,55 @@ def run(args) -> dict:
          "detail": ", ".join(f"{n} {100 * r[n]['grey_share_T']:.1f} %" for n in names)},
     ]
 
-    config = {"quick": quick, "seed": seed, "backend": backend, "device": str(device), "threads": args.threads,
-              "n_clean": n_clean, "n_outliers": n_out, "n_target": n_target, "size": size, "dim": xa.shape[1],
-              "p": P, "blur": blur, "eps": eps, "median_distance": median, "gamma": gamma,
-              "partial_masses": list(masses), "soft_mass": SOFT_MASS, "map_steps": map_steps,
-              "map_hidden": args.map_hidden, "detector_epochs": epochs, "omega": float(det.omega_)}
-    timing = {"total_s": timer.read(), "data_s": t_data, "detector_s": round(t_det - t_data, 2),
-              "per_method_s": t_methods}
-    files_list = [Path(f).name for f in files.values()] + ["metrics.json", "metrics.md"]
-    metrics = {"config": config, "results": {"methods": results, "detection": detection,
-                                             "W_alpha_c_beta_identity": w_clean_ref},
-               "claims": claims, "timing": timing, "files": files_list}
 
+def _markdown(metrics: dict) -> str:
+    from . import _common
+
+    cfg, res, timing = metrics["config"], metrics["results"], metrics["timing"]
+    r, detection = res["methods"], res["detection"]
     header = ["method", "W(a_c, T#b)", "W(a_c, bary#b)", "outlier mass %", "grey outputs % (T)",
               "transported mass"]
     table = [[n, r[n]["W_alpha_c_T_beta"], r[n]["W_alpha_c_bary"], 100 * r[n]["outlier_mass_share"],
-              100 * r[n]["grey_share_T"], r[n]["transported_mass"]] for n in names]
-    md = [f"# srot-fast monge ({'quick' if quick else 'full'}, seed {seed})", "",
-          f"alpha = {n_clean} MNIST-M-like + {n_out} MNIST outliers, beta = {n_target} MNIST, "
-          f"{size}x{size}x3, p = 2, eps = {eps:.4g}; W(alpha_c, beta) = {w_clean_ref:.4g}", "",
+              100 * r[n]["grey_share_T"], r[n]["transported_mass"]] for n in r]
+    size = cfg["size"]
+    md = [f"# srot-fast monge ({'quick' if cfg['quick'] else 'full'}, seed {cfg['seed']})", "",
+          f"alpha = {cfg['n_clean']} MNIST-M-like + {cfg['n_outliers']} MNIST outliers, beta = {cfg['n_target']} "
+          f"MNIST, {size}x{size}x3, p = 2, eps = {cfg['eps']:.4g}; W(alpha_c, beta) = "
+          f"{res['W_alpha_c_beta_identity']:.4g}", "",
           _common.md_table(header, table), "",
           f"Detector: recall {detection['recall']:.3f}, clean flagged {detection['clean_flagged']:.3f}, "
           f"target flagged {detection['target_flagged']:.3f}", "", "## Claims", "",
-          _common.claims_table(claims),
+          _common.claims_table(metrics["claims"]),
           "", f"Wall time {timing['total_s']} s (detector {timing['detector_s']} s)."]
-    _common.write_metrics(out, metrics, "\n".join(md) + "\n")
+    return "\n".join(md) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------------- run
+def run(args) -> dict:
+    """Steps: settings, data, fit (detector), solve (plans and maps), report (figures, claims, metrics files)."""
+    from . import _common
+
+    cfg = _settings(args)
+    timer, device, out = _common.start(args)
+    alpha_img, is_out, beta_img = build_data(cfg["n_clean"], cfg["n_out"], cfg["n_target"], cfg["size"], cfg["seed"])
+    t_data = timer.read()
+    det, s_alpha, s_beta, detection = _fit(alpha_img, is_out, beta_img, cfg, args, device)
+    t_det = timer.read()
+    sol = _solve(alpha_img, is_out, beta_img, s_alpha, s_beta, cfg, args, device)
+
+    files = _figures(alpha_img, is_out, beta_img, sol, out)
+    claims = _claims(sol["results"], detection, cfg["n_out"], cfg["n_clean"])
+    config = {"quick": cfg["quick"], "seed": cfg["seed"], "backend": args.backend, "device": str(device),
+              "threads": args.threads, "n_clean": cfg["n_clean"], "n_outliers": cfg["n_out"],
+              "n_target": cfg["n_target"], "size": cfg["size"], "dim": sol["dim"], "p": P, "blur": cfg["blur"],
+              "eps": sol["eps"], "median_distance": sol["median"], "gamma": sol["gamma"],
+              "partial_masses": list(cfg["masses"]), "soft_mass": SOFT_MASS, "map_steps": cfg["map_steps"],
+              "map_hidden": args.map_hidden, "detector_epochs": cfg["epochs"], "omega": float(det.omega_)}
+    timing = {"total_s": timer.read(), "data_s": t_data, "detector_s": round(t_det - t_data, 2),
+              "per_method_s": sol["t_methods"]}
+    metrics = {"config": config, "results": {"methods": sol["results"], "detection": detection,
+                                             "W_alpha_c_beta_identity": sol["w_clean_ref"]},
+               "claims": claims, "timing": timing,
+               "files": [Path(f).name for f in files.values()] + ["metrics.json", "metrics.md"]}
+    _common.write_metrics(out, metrics, _markdown(metrics))
     return metrics
