@@ -141,43 +141,49 @@ def _interp(x, xs, ys):
     return ys[-1]
 
 
-# ----------------------------------------------------------------------------------------------------- run
-def run(args) -> dict:
-    import matplotlib.pyplot as plt
-
-    from ..kernels.tensorized import cost_matrix
-    from ..partners import exact_partial, exact_robot
-    from ..sinkhorn import sinkhorn
-    from ..weights import hard_weights
+# ----------------------------------------------------------------------------------------------------- steps
+def _settings(args) -> dict:
+    """The run's sizes and options (``--quick`` defaults filled in); CliError on a bad value."""
     from . import _common
 
-    timer, device, out = _common.start(args)
     quick = bool(args.quick)
     n = args.n_per_class if args.n_per_class is not None else (60 if quick else 140)
     if not 4 <= n <= 142:
         raise _common.CliError(f"--n-per-class must be in [4, 142] (scikit-learn has 178 zeros), got {n}")
     if args.size < 4:
         raise _common.CliError("--size must be >= 4")
-    epochs = args.epochs if args.epochs is not None else (25 if quick else 40)
-    masses = MASSES_QUICK if quick else MASSES
-    quantiles = ROBOT_QUANTILES_QUICK if quick else ROBOT_QUANTILES
-    seed = int(args.seed)
+    return {"quick": quick, "seed": int(args.seed), "n": n,
+            "epochs": args.epochs if args.epochs is not None else (25 if quick else 40),
+            "masses": MASSES_QUICK if quick else MASSES,
+            "quantiles": ROBOT_QUANTILES_QUICK if quick else ROBOT_QUANTILES}
 
-    d = build_data(n, args.size, args.outliers, seed)
-    src, tgt = d["source"], d["target"]
-    t_data = timer.read()
 
-    det, s_src, s_tgt, flag_s, flag_t = _common.vat_scores(src, tgt, epochs=epochs, omega=args.omega, seed=seed,
+def _fit(d: dict, cfg: dict, args, device) -> tuple:
+    """The VAT detector, source (label 0) vs target (label 1): (P(target) of source, of target, detection summary)."""
+    from . import _common
+
+    det, s_src, s_tgt, flag_s, flag_t = _common.vat_scores(d["source"], d["target"], epochs=cfg["epochs"],
+                                                           omega=args.omega, seed=cfg["seed"],
                                                            progress=args.progress, device=device)
-    t_det = timer.read()
     detection = {"target_outlier_recall": float(flag_t[d["target_out"]].float().mean()),
                  "target_clean_flagged": float(flag_t[~d["target_out"]].float().mean()),
                  "source_flagged": float(flag_s.float().mean()),
                  "source_outliers_flagged": float(flag_s[d["source_out"]].float().mean()),
-                 "eta": float(det.eta_), "epochs": epochs}
+                 "eta": float(det.eta_), "epochs": cfg["epochs"]}
+    return s_src, s_tgt, detection
 
-    x = src.flatten(1).double()
-    z = tgt.flatten(1).double()
+
+def _solve(d: dict, s_src, s_tgt, cfg: dict, args) -> tuple:
+    """Labels propagated by partial OT and SROT hard + partial at each mass, and by ROBOT at each cost quantile;
+    returns ({method: [scores per mass]}, eps of the sinkhorn solver)."""
+    from ..kernels.tensorized import cost_matrix
+    from ..partners import exact_partial, exact_robot
+    from ..sinkhorn import sinkhorn
+    from ..weights import hard_weights
+    from . import _common
+
+    x = d["source"].flatten(1).double()
+    z = d["target"].flatten(1).double()
     ns, nt = len(x), len(z)
     a = torch.full((ns,), 1.0 / ns, dtype=torch.float64)
     b = torch.full((nt,), 1.0 / nt, dtype=torch.float64)
@@ -189,11 +195,6 @@ def run(args) -> dict:
     median = float(C.sqrt().median() * 2**0.5)       # median distance |x - z|
     eps = (args.blur * median) ** 2 / 2
 
-    def plan_partial(wa, wb, m):
-        if args.solver == "exact":
-            return exact_partial(x, z, wa, wb, mass=m, p=P)[1]
-        return None
-
     def labels_sinkhorn(wa, wb, m):
         res = sinkhorn(z.float(), x.float(), wb.float(), wa.float(), p=P, eps=eps, mass=m, backend=args.backend,
                        tol=1e-4, max_iter=5000)
@@ -203,14 +204,14 @@ def run(args) -> dict:
         return torch.where(ok, lab, torch.full_like(lab, -1))
 
     results = {"partial OT": [], "SROT hard + partial": [], "ROBOT": []}
-    for m in masses:
+    for m in cfg["masses"]:
         for name, (wa, wb) in (("partial OT", (a, b)), ("SROT hard + partial", (a_h, b_h))):
             if args.solver == "exact":
-                lab = propagate(plan_partial(wa, wb, m), d["source_y"], b)
+                lab = propagate(exact_partial(x, z, wa, wb, mass=m, p=P)[1], d["source_y"], b)
             else:
                 lab = labels_sinkhorn(wa, wb, m)
             results[name].append({"mass": m, **scores(lab, d["target_y"], d["target_out"])})
-    for q in quantiles:
+    for q in cfg["quantiles"]:
         two_lam = float(torch.quantile(C.flatten(), q))
         _, plan = exact_robot(x, z, a, b, lam=two_lam / 2, p=P)
         plan = plan * (C <= two_lam)                       # truncated pairs are not transported
@@ -218,8 +219,17 @@ def run(args) -> dict:
         results["ROBOT"].append({"mass": float(plan.sum()), "lam": two_lam / 2, "cost_quantile": q,
                                  **scores(lab, d["target_y"], d["target_out"])})
     results["ROBOT"].sort(key=lambda r: r["mass"])
+    return results, eps
 
-    # ---------------------------------------------------------------- figures
+
+# ----------------------------------------------------------------------------------------------------- report
+def _figures(d: dict, results: dict, n: int, out: Path) -> dict:
+    """label_prop_accuracy.png (accuracies along the mass) and label_prop_data.png (sample images)."""
+    import matplotlib.pyplot as plt
+
+    from . import _common
+
+    src, tgt = d["source"], d["target"]
     files = {}
     fig, axs = plt.subplots(1, 2, figsize=(10, 3.6))
     style = {"partial OT": ("C0", "o"), "SROT hard + partial": ("C3", "s"), "ROBOT": ("C2", "^")}
@@ -251,8 +261,11 @@ def run(args) -> dict:
                 axes[r, c].imshow(imgs[c, 0].numpy(), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
         axes[r, 0].text(-0.1, 0.5, label, transform=axes[r, 0].transAxes, ha="right", va="center", fontsize=8)
     files["data"] = _common.savefig(fig, out / "label_prop_data.png")
+    return files
 
-    # ---------------------------------------------------------------- claims
+
+def _claims(results: dict, detection: dict) -> tuple:
+    """(claims, mean accuracy gap SROT - ROBOT at matched masses or None)."""
     P_, S_, R_ = results["partial OT"], results["SROT hard + partial"], results["ROBOT"]
     rx, ry = [r["mass"] for r in R_], [r["accuracy"] for r in R_]
     robot_at = [(s["mass"], s["accuracy"], _interp(s["mass"], rx, ry)) for s in S_]
@@ -284,29 +297,56 @@ def run(args) -> dict:
                    f"{100 * P_[0]['accuracy']:.1f} -> {100 * P_[-1]['accuracy']:.1f}, labelled "
                    f"{100 * P_[0]['labelled_accuracy']:.1f} -> {100 * P_[-1]['labelled_accuracy']:.1f})"},
     ]
+    return claims, gap
 
-    config = {"quick": quick, "seed": seed, "backend": args.backend, "device": str(device), "threads": args.threads,
-              "outliers": args.outliers, "outliers_used": d["outlier_kind"], "n_per_class": n,
-              "n_source": ns, "n_target": nt, "size": args.size, "p": P, "solver": args.solver,
-              "blur": args.blur, "eps": eps if args.solver == "sinkhorn" else None, "accept": ACCEPT,
-              "masses": list(masses), "robot_cost_quantiles": list(quantiles), "detector_epochs": epochs,
-              "omega": args.omega}
+
+def _markdown(metrics: dict, d: dict) -> str:
+    from . import _common
+
+    cfg, res, timing = metrics["config"], metrics["results"], metrics["timing"]
+    detection, n, size = res["detection"], cfg["n_per_class"], cfg["size"]
+    header = ["method", "mass", "accuracy %", "labelled acc. %", "outliers labelled %"]
+    table = [[name, r["mass"], 100 * r["accuracy"], 100 * r["labelled_accuracy"], 100 * r["outliers_labelled"]]
+             for name, rows in res["curves"].items() for r in rows]
+    md = [f"# srot-fast label-prop ({'quick' if cfg['quick'] else 'full'}, seed {cfg['seed']})", "",
+          f"source = {2 * n} 8x8 digits 0/1 + {int(d['source_out'].sum())} {d['outlier_kind']} outliers; target = "
+          f"{2 * n} MNIST 0/1 + {int(d['target_out'].sum())} 8x8 digits; {size}x{size}, solver "
+          f"{cfg['solver']}", "", _common.md_table(header, table), "",
+          f"Detector: recall {detection['target_outlier_recall']:.3f}, clean target flagged "
+          f"{detection['target_clean_flagged']:.3f}, source flagged {detection['source_flagged']:.3f}", "",
+          "## Claims", "",
+          _common.claims_table(metrics["claims"]),
+          "", f"Wall time {timing['total_s']} s (detector {timing['detector_s']} s)."]
+    return "\n".join(md) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------------- run
+def run(args) -> dict:
+    """Steps: settings, data, fit (detector), solve (plans and propagated labels), report (figures, claims,
+    metrics files)."""
+    from . import _common
+
+    cfg = _settings(args)
+    timer, device, out = _common.start(args)
+    n = cfg["n"]
+    d = build_data(n, args.size, args.outliers, cfg["seed"])
+    t_data = timer.read()
+    s_src, s_tgt, detection = _fit(d, cfg, args, device)
+    t_det = timer.read()
+    results, eps = _solve(d, s_src, s_tgt, cfg, args)
+
+    files = _figures(d, results, n, out)
+    claims, gap = _claims(results, detection)
+    config = {"quick": cfg["quick"], "seed": cfg["seed"], "backend": args.backend, "device": str(device),
+              "threads": args.threads, "outliers": args.outliers, "outliers_used": d["outlier_kind"],
+              "n_per_class": n, "n_source": len(d["source"]), "n_target": len(d["target"]), "size": args.size,
+              "p": P, "solver": args.solver, "blur": args.blur, "eps": eps if args.solver == "sinkhorn" else None,
+              "accept": ACCEPT, "masses": list(cfg["masses"]), "robot_cost_quantiles": list(cfg["quantiles"]),
+              "detector_epochs": cfg["epochs"], "omega": args.omega}
     timing = {"total_s": timer.read(), "data_s": t_data, "detector_s": round(t_det - t_data, 2)}
     metrics = {"config": config, "results": {"curves": results, "detection": detection,
                                              "srot_minus_robot_mean_accuracy": gap},
                "claims": claims, "timing": timing,
                "files": [Path(f).name for f in files.values()] + ["metrics.json", "metrics.md"]}
-    header = ["method", "mass", "accuracy %", "labelled acc. %", "outliers labelled %"]
-    table = [[name, r["mass"], 100 * r["accuracy"], 100 * r["labelled_accuracy"], 100 * r["outliers_labelled"]]
-             for name, rows in results.items() for r in rows]
-    md = [f"# srot-fast label-prop ({'quick' if quick else 'full'}, seed {seed})", "",
-          f"source = {2 * n} 8x8 digits 0/1 + {int(d['source_out'].sum())} {d['outlier_kind']} outliers; target = "
-          f"{2 * n} MNIST 0/1 + {int(d['target_out'].sum())} 8x8 digits; {args.size}x{args.size}, solver "
-          f"{args.solver}", "", _common.md_table(header, table), "",
-          f"Detector: recall {detection['target_outlier_recall']:.3f}, clean target flagged "
-          f"{detection['target_clean_flagged']:.3f}, source flagged {detection['source_flagged']:.3f}", "",
-          "## Claims", "",
-          _common.claims_table(claims),
-          "", f"Wall time {timing['total_s']} s (detector {timing['detector_s']} s)."]
-    _common.write_metrics(out, metrics, "\n".join(md) + "\n")
+    _common.write_metrics(out, metrics, _markdown(metrics, d))
     return metrics
