@@ -192,21 +192,16 @@ def _grid(images: torch.Tensor, side: int, ncol: int = 8) -> torch.Tensor:
     return canvas.clamp(0, 1)
 
 
-def run(args) -> dict:
-    import matplotlib.pyplot as plt
-    import numpy as np
-    from sklearn.linear_model import LogisticRegression
-
-    from ..detector import OutlierDetector
+# ---------------------------------------------------------------------------------------------------- steps
+def _settings(args) -> dict:
+    """The run's sizes and options (``--quick`` defaults filled in); CliError on a bad value."""
     from . import _common
 
     quick = bool(args.quick)
-    seed = int(args.seed)
     noise = args.noise if args.noise is not None else ([0.15] if quick else [0.05, 0.10, 0.15])
     if not noise or any(not (0 < k < 0.5) for k in noise):
         raise _common.CliError(f"--noise: fractions must be in (0, 0.5), got {noise}")
     iters = args.iters if args.iters is not None else (300 if quick else 800)
-    dataset = args.dataset or ("digits" if quick else "mnist")
     det_epochs = args.det_epochs if args.det_epochs is not None else (15 if quick else 20)
     for name, val, lo in (("--iters", iters, 1), ("--batch", args.batch, 2), ("--n-critic", args.n_critic, 1),
                           ("--det-epochs", det_epochs, 1), ("--n-eval", args.n_eval, 10), ("--size", args.size, 4)):
@@ -218,11 +213,19 @@ def run(args) -> dict:
         raise _common.CliError(f"--sigma must be > 0, got {args.sigma}")
     if not 0 <= args.delta < 1:
         raise _common.CliError(f"--delta must be in [0, 1), got {args.delta}")
-    timer, device, out = _common.start(args)  # the GANs are tiny MLPs: trained on the CPU regardless
-    torch.manual_seed(seed)
+    return {"quick": quick, "seed": int(args.seed), "noise": noise, "iters": iters, "det_epochs": det_epochs,
+            "dataset": args.dataset or ("digits" if quick else "mnist")}
 
-    # ---------------------------------------------------------------- data and held-out noise classifier
-    clean, side = load_clean(dataset, args.size, seed)
+
+def _data(cfg: dict, args) -> dict:
+    """Clean images split into held-out / training, the shared initial generator and critic, the held-out noise
+    classifier (half of the held-out clean images vs fresh noise images, scored on the other half) and the
+    entropic W1 floor (training clean vs held-out clean)."""
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+
+    seed = cfg["seed"]
+    clean, side = load_clean(cfg["dataset"], args.size, seed)
     n_hold = min(1000, len(clean) // 4)
     held, train_clean = clean[:n_hold], clean[n_hold:]
     dim = clean.shape[1]
@@ -232,7 +235,6 @@ def run(args) -> dict:
     g0, d0 = Generator(dim), Critic(dim)  # the shared initial generator / critic of all methods
     init_state = {"g": {k: v.clone() for k, v in g0.state_dict().items()},
                   "d": {k: v.clone() for k, v in d0.state_dict().items()}}
-    # held-out classifier: half of the held-out clean images vs fresh noise images; scored on the other half
     half = n_hold // 2
     noise_fit = noise_images(g0, half, args.sigma, gen)
     noise_test = noise_images(g0, n_hold - half, args.sigma, gen)
@@ -240,58 +242,78 @@ def run(args) -> dict:
     clf.fit(torch.cat([held[:half], noise_fit]).numpy(), np.r_[np.zeros(half), np.ones(half)])
     clf_acc = float(clf.score(torch.cat([held[half:], noise_test]).numpy(),
                               np.r_[np.zeros(n_hold - half), np.ones(n_hold - half)]))
-
-    def noise_share(x: torch.Tensor) -> float:
-        return float(clf.predict(x.numpy()).mean())
-
     med = float(torch.cdist(held[:200], held[200:400] if n_hold >= 400 else held[:200]).median())
     eps = 0.05 * med
-    backend = args.backend
-    w_floor = _w1(train_clean[:n_eval], held[:n_eval], backend, eps)
-    t_data = timer.read()
+    w_floor = _w1(train_clean[:n_eval], held[:n_eval], args.backend, eps)
+    return {"side": side, "held": held, "train_clean": train_clean, "n_hold": n_hold, "n_eval": n_eval, "g0": g0,
+            "init_state": init_state, "clf": clf, "clf_acc": clf_acc, "eps": eps, "w_floor": w_floor}
 
-    # ---------------------------------------------------------------- per noise level
-    results, samples, detection = {}, {}, {}
-    t_methods = {}
-    for kappa in noise:
-        key = f"{kappa:g}"
-        n_clean = len(train_clean)
-        n_out = int(round(kappa * n_clean / (1 - kappa)))
-        gk = torch.Generator().manual_seed(seed * 1000 + int(round(kappa * 1000)))
-        outliers = noise_images(g0, n_out, args.sigma, gk)
-        real = torch.cat([outliers, train_clean])
-        is_out = torch.zeros(len(real), dtype=torch.bool)
-        is_out[:n_out] = True
-        # detector: source = initialised-generator samples, target = the contaminated real set (paper)
+
+def _noise_share(data: dict, x: torch.Tensor) -> float:
+    """Share of the images x that the held-out classifier calls noise."""
+    return float(data["clf"].predict(x.numpy()).mean())
+
+
+def _fit(kappa: float, data: dict, cfg: dict, args) -> tuple:
+    """The real set at outlier rate kappa (outliers first) and its hard SROT weights from a VAT detector fitted
+    with source = initialised-generator samples, target = the contaminated real set (paper). Returns (real,
+    weights (N,), detection summary)."""
+    from ..detector import OutlierDetector
+    from . import _common
+
+    seed, g0, train_clean = cfg["seed"], data["g0"], data["train_clean"]
+    n_clean = len(train_clean)
+    n_out = int(round(kappa * n_clean / (1 - kappa)))
+    gk = torch.Generator().manual_seed(seed * 1000 + int(round(kappa * 1000)))
+    outliers = noise_images(g0, n_out, args.sigma, gk)
+    real = torch.cat([outliers, train_clean])
+    is_out = torch.zeros(len(real), dtype=torch.bool)
+    is_out[:n_out] = True
+    t0 = _common.Timer()
+    with torch.no_grad():
+        source = g0(torch.randn(len(real), LATENT, generator=gk))
+    det = OutlierDetector(hidden=(128, 128), method="vat", epochs=cfg["det_epochs"], omega=DET_OMEGA, seed=seed,
+                          progress=args.progress, num_threads=None)
+    det.fit(source, real)
+    _, w_real = det.hard_weights(source, real)
+    flagged = w_real == 0
+    detection = {"n_real": len(real), "n_outliers": n_out,
+                 "outlier_recall": float(flagged[is_out].float().mean()),
+                 "clean_flagged_share": float(flagged[~is_out].float().mean()),
+                 "eta": det.eta_, "seconds": t0.read()}
+    return real, w_real, detection
+
+
+def _solve(real: torch.Tensor, w_real: torch.Tensor, data: dict, cfg: dict, args) -> tuple:
+    """The three GANs on one real set: ({method: metrics}, {method: 32 samples}, {method: seconds})."""
+    from . import _common
+
+    seed, n_eval = cfg["seed"], data["n_eval"]
+    results, samples, seconds = {}, {}, {}
+    for meth in METHODS:
         t0 = _common.Timer()
+        g, hist = train_gan(meth, real, w_real if meth == "rot_srot" else None, data["init_state"],
+                            iters=cfg["iters"], batch=args.batch, n_critic=args.n_critic, delta=args.delta, seed=seed,
+                            lr=args.lr, progress=args.progress)
         with torch.no_grad():
-            source = g0(torch.randn(len(real), LATENT, generator=gk))
-        det = OutlierDetector(hidden=(128, 128), method="vat", epochs=det_epochs, omega=DET_OMEGA, seed=seed,
-                              progress=args.progress, num_threads=None)
-        det.fit(source, real)
-        _, w_real = det.hard_weights(source, real)
-        flagged = w_real == 0
-        detection[key] = {
-            "n_real": len(real), "n_outliers": n_out,
-            "outlier_recall": float(flagged[is_out].float().mean()),
-            "clean_flagged_share": float(flagged[~is_out].float().mean()),
-            "eta": det.eta_, "seconds": t0.read(),
-        }
-        results[key], samples[key] = {}, {}
-        results[key]["real_data_noise_share"] = noise_share(real)
-        for meth in METHODS:
-            t0 = _common.Timer()
-            g, hist = train_gan(meth, real, w_real if meth == "rot_srot" else None, init_state, iters=iters,
-                                batch=args.batch, n_critic=args.n_critic, delta=args.delta, seed=seed,
-                                lr=args.lr, progress=args.progress)
-            with torch.no_grad():
-                xs = g(torch.randn(n_eval, LATENT, generator=torch.Generator().manual_seed(seed + 7)))
-            results[key][meth] = {"noise_share": noise_share(xs), "w_clean": _w1(xs, held[:n_eval], backend, eps),
-                                  "loss_first_last": [hist[0][1:], hist[-1][1:]]}
-            samples[key][meth] = xs[:32]
-            t_methods[f"{key}/{meth}"] = t0.read()
+            xs = g(torch.randn(n_eval, LATENT, generator=torch.Generator().manual_seed(seed + 7)))
+        results[meth] = {"noise_share": _noise_share(data, xs),
+                         "w_clean": _w1(xs, data["held"][:n_eval], args.backend, data["eps"]),
+                         "loss_first_last": [hist[0][1:], hist[-1][1:]]}
+        samples[meth] = xs[:32]
+        seconds[meth] = t0.read()
+    return results, samples, seconds
 
-    # ---------------------------------------------------------------- figures
+
+# ---------------------------------------------------------------------------------------------------- report
+def _figures(results: dict, samples: dict, detection: dict, data: dict, cfg: dict, args, out: Path) -> dict:
+    """gan_samples.png (real data and each method's samples per outlier rate) and gan_noise_share.png."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from . import _common
+
+    noise, seed, side = cfg["noise"], cfg["seed"], data["side"]
     files = {}
     ncols = len(METHODS) + 1
     fig, axes = plt.subplots(len(noise), ncols, figsize=(3.0 * ncols, 2.1 * len(noise)), squeeze=False)
@@ -299,7 +321,8 @@ def run(args) -> dict:
         key = f"{kappa:g}"
         n_out = detection[key]["n_outliers"]
         gk = torch.Generator().manual_seed(seed + 11)
-        cont = torch.cat([noise_images(g0, 32, args.sigma, gk)[: max(1, round(32 * kappa))], train_clean[:32]])[:32]
+        cont = torch.cat([noise_images(data["g0"], 32, args.sigma, gk)[: max(1, round(32 * kappa))],
+                          data["train_clean"][:32]])[:32]
         panels = [("real data", cont)] + [(LABELS[m], samples[key][m]) for m in METHODS]
         for c, (title, imgs) in enumerate(panels):
             ax = axes[r, c]
@@ -323,7 +346,7 @@ def run(args) -> dict:
         axes[1].bar(xs_pos + (i - 1) * width, [results[f"{k:g}"][m]["w_clean"] for k in noise], width,
                     label=LABELS[m])
     axes[0].plot(xs_pos, noise, "k_", markersize=20, label="outlier rate kappa")
-    axes[1].axhline(w_floor, color="k", ls="--", lw=1, label="clean vs clean")
+    axes[1].axhline(data["w_floor"], color="k", ls="--", lw=1, label="clean vs clean")
     for ax, title in ((axes[0], "share of generated samples called noise"),
                       (axes[1], "entropic W1(generated, clean held-out)")):
         ax.set_xticks(xs_pos, [f"{k:.0%}" for k in noise])
@@ -332,8 +355,10 @@ def run(args) -> dict:
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     files["noise_share"] = _common.savefig(fig, out / "gan_noise_share.png")
+    return files
 
-    # ---------------------------------------------------------------- claims
+
+def _claims(results: dict, detection: dict, noise: list) -> list:
     claims = []
     for kappa in noise:
         key = f"{kappa:g}"
@@ -350,34 +375,68 @@ def run(args) -> dict:
                        <= 0.05,
                        "detail": f"recall {detection[key]['outlier_recall']:.3f}, clean flagged "
                                  f"{detection[key]['clean_flagged_share']:.3f}"})
+    return claims
 
-    config = {"quick": quick, "seed": seed, "backend": backend, "device": str(device), "train_device": "cpu",
-              "threads": args.threads, "dataset": dataset, "side": side, "noise": noise, "iters": iters,
-              "batch": args.batch, "lr": args.lr, "n_critic": args.n_critic, "sigma": args.sigma, "delta": args.delta,
-              "det_epochs": det_epochs, "det_omega": DET_OMEGA,
-              "n_eval": n_eval, "n_train_clean": len(train_clean), "n_heldout": n_hold,
-              "gp_weight": GP_WEIGHT, "latent": LATENT, "w_eps": eps}
-    timing = {"total_s": None, "data_s": t_data, "per_gan_s": t_methods,
-              "detector_s": {k: v["seconds"] for k, v in detection.items()}}
-    files_list = [Path(f).name for f in files.values()] + ["metrics.json", "metrics.md"]
-    metrics = {"config": config,
-               "results": {"per_noise": results, "detection": detection, "classifier_heldout_accuracy": clf_acc,
-                           "w_clean_floor": w_floor},
-               "claims": claims, "timing": timing, "files": files_list}
+
+def _markdown(metrics: dict) -> str:
+    from . import _common
+
+    cfg, res, timing = metrics["config"], metrics["results"], metrics["timing"]
+    results, detection, side = res["per_noise"], res["detection"], cfg["side"]
     rows = []
-    for kappa in noise:
+    for kappa in cfg["noise"]:
         key = f"{kappa:g}"
         for m in METHODS:
             rows.append([f"{kappa:.0%}", LABELS[m], results[key][m]["noise_share"], results[key][m]["w_clean"]])
-    timing["total_s"] = timer.read()
-    md = [f"# srot-fast gan ({dataset}, {side}x{side}, {iters} generator steps, seed {seed}"
-          f"{', quick' if quick else ''})", "",
+    md = [f"# srot-fast gan ({cfg['dataset']}, {side}x{side}, {cfg['iters']} generator steps, seed {cfg['seed']}"
+          f"{', quick' if cfg['quick'] else ''})", "",
           _common.md_table(["outlier rate", "method", "noise share", "W1 to clean"], rows), "",
-          f"Held-out noise classifier accuracy {clf_acc:.3f}; W1(clean, clean) floor {w_floor:.4g}.", "",
+          f"Held-out noise classifier accuracy {res['classifier_heldout_accuracy']:.3f}; W1(clean, clean) floor "
+          f"{res['w_clean_floor']:.4g}.", "",
           _common.md_table(["outlier rate", "outliers", "detector recall", "clean flagged"],
                            [[f"{float(k):.0%}", v["n_outliers"], v["outlier_recall"], v["clean_flagged_share"]]
                             for k, v in detection.items()]), "",
-          _common.claims_table(claims),
+          _common.claims_table(metrics["claims"]),
           "", f"Wall time {timing['total_s']} s."]
-    _common.write_metrics(out, metrics, "\n".join(md) + "\n")
+    return "\n".join(md) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------- run
+def run(args) -> dict:
+    """Steps: settings, data (clean images, initial nets, noise classifier), then per outlier rate fit (detector
+    and SROT weights) and solve (the three GANs), then report (figures, claims, metrics files)."""
+    from . import _common
+
+    cfg = _settings(args)
+    seed, noise = cfg["seed"], cfg["noise"]
+    timer, device, out = _common.start(args)  # the GANs are tiny MLPs: trained on the CPU regardless
+    torch.manual_seed(seed)
+    data = _data(cfg, args)
+    t_data = timer.read()
+
+    results, samples, detection, t_methods = {}, {}, {}, {}
+    for kappa in noise:
+        key = f"{kappa:g}"
+        real, w_real, detection[key] = _fit(kappa, data, cfg, args)
+        results[key], samples[key], seconds = _solve(real, w_real, data, cfg, args)
+        results[key] = {"real_data_noise_share": _noise_share(data, real), **results[key]}
+        t_methods.update({f"{key}/{m}": t for m, t in seconds.items()})
+
+    files = _figures(results, samples, detection, data, cfg, args, out)
+    claims = _claims(results, detection, noise)
+    config = {"quick": cfg["quick"], "seed": seed, "backend": args.backend, "device": str(device),
+              "train_device": "cpu", "threads": args.threads, "dataset": cfg["dataset"], "side": data["side"],
+              "noise": noise, "iters": cfg["iters"], "batch": args.batch, "lr": args.lr, "n_critic": args.n_critic,
+              "sigma": args.sigma, "delta": args.delta, "det_epochs": cfg["det_epochs"], "det_omega": DET_OMEGA,
+              "n_eval": data["n_eval"], "n_train_clean": len(data["train_clean"]), "n_heldout": data["n_hold"],
+              "gp_weight": GP_WEIGHT, "latent": LATENT, "w_eps": data["eps"]}
+    timing = {"total_s": None, "data_s": t_data, "per_gan_s": t_methods,
+              "detector_s": {k: v["seconds"] for k, v in detection.items()}}
+    metrics = {"config": config,
+               "results": {"per_noise": results, "detection": detection,
+                           "classifier_heldout_accuracy": data["clf_acc"], "w_clean_floor": data["w_floor"]},
+               "claims": claims, "timing": timing,
+               "files": [Path(f).name for f in files.values()] + ["metrics.json", "metrics.md"]}
+    timing["total_s"] = timer.read()
+    _common.write_metrics(out, metrics, _markdown(metrics))
     return metrics
