@@ -422,7 +422,7 @@ def test_images_default_convnet():
 def test_omega_defaults():
     """omega=None: 3e-2 on points and images (docs/DETECTOR.md, "Choice of omega"); the value used
     is ``omega_``, it drives the loss, an explicit omega wins, and it survives save / load."""
-    from srot_fast import detector as _det
+    from srot_fast import _detector_train as _det
 
     assert (_det._POINT_OMEGA, _det._IMAGE_OMEGA) == (3e-2, 3e-2)
     d = make_toy_2d(seed=0)
@@ -646,7 +646,8 @@ def test_load_malformed_fields(tmp_path, edits, match):
 def test_load_validates_before_building(tmp_path, monkeypatch):
     """A small file that claims a huge MLP is refused before any classifier is built; the expected weight
     shapes come from the architecture alone (checked here against built MLPs and ConvNets)."""
-    from srot_fast import detector as det_module
+    from srot_fast import _detector_file as det_file
+    from srot_fast import nets
     from srot_fast.nets import MLP, ConvNet
 
     for arch, model in [({"kind": "mlp", "dim": 3, "hidden": [5, 4]}, MLP(3, (5, 4))),
@@ -655,7 +656,7 @@ def test_load_validates_before_building(tmp_path, monkeypatch):
                          ConvNet(2, (3, 4, 5))),
                         ({"kind": "convnet", "in_channels": 1, "widths": [3], "batch_norm": False},
                          ConvNet(1, (3,), batch_norm=False))]:
-        assert det_module._expected_state(arch) == {
+        assert det_file._expected_state(arch) == {
             k: (tuple(v.shape), v.dtype.is_floating_point) for k, v in model.state_dict().items()}
 
     built = []
@@ -665,7 +666,7 @@ def test_load_validates_before_building(tmp_path, monkeypatch):
             built.append(args)
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(det_module._nets, "MLP", SpyMLP)
+    monkeypatch.setattr(nets, "MLP", SpyMLP)
     torch.save(_edited(arch__hidden=[40000, 40000]), tmp_path / "big.pt")
     with pytest.raises(DetectorFileError, match="state_dict"):
         OutlierDetector.load(tmp_path / "big.pt")
