@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from . import _common, flow2d
-from ._plots2d import fig_flow, fig_flow_w, fig_toy_boundaries, fig_toy_plans, pct
+from ._figures import fig_flow, fig_flow_w, fig_toy_boundaries, fig_toy_plans, pct
 from .flow2d import MAX_SROT_SHARE, OUTLIER_FRAC, SHARE_TOL, exact_w
 
 NAME = "demo"

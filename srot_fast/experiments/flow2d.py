@@ -22,13 +22,12 @@ figures draw at most 2000 points per measure.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Callable, Optional
 
 import torch
 
 from . import _common
-from ._plots2d import fig_flow
+from ._figures import fig_curves, fig_flow, fig_snapshots
 
 NAME = "flow2d"
 HELP = "2-D gradient flow with 10 percent type-II outliers in the data (paper §4, Fig. 3): OT, UOT, partial OT, SROT"
@@ -309,7 +308,7 @@ def run(args) -> dict:
     sub = Flow2D(d.alpha[p_ia], d.alpha_outlier[p_ia], d.beta0[p_ib.cpu()])
     fig_flow({"data": sub, "runs": {k: {"beta_T": r["beta_T"][p_ib].cpu()} for k, r in runs.items()},
               "methods": methods, "lr": lr, "steps": steps, "blur": BLUR}, files["flow2d_final"], 80)
-    _fig_snapshots(sub, runs, snap_steps, files["flow2d_snapshots"])
+    fig_snapshots(sub, runs, snap_steps, files["flow2d_snapshots"])
     fig_curves(methods, w0, files["flow2d_w1"], len(w_ic), len(w_ib), metric="W1", linthresh=1e-3,
                cost="cost |x-y|")
     t_fig = tm.read()
@@ -374,52 +373,3 @@ def _markdown(metrics: dict) -> str:
              _common.md_table(["method", "W1(alpha_c, beta_T)", "outlier share", "transported mass",
                                "beta_T left at outliers", "Sinkhorn iters/step", "wall (s)"], rows)]
     return "\n".join(lines + markdown_tail(metrics))
-
-
-# ------------------------------------------------------------------------------------------------ figures
-def _fig_snapshots(d, runs: dict, snap_steps: list, path: Path):
-    import matplotlib.pyplot as plt
-
-    names = list(runs)
-    fig, axes = plt.subplots(len(names), len(snap_steps), figsize=(2.2 * len(snap_steps), 1.25 * len(names) + 0.5),
-                             squeeze=False)
-    ac, ao = d.alpha[~d.alpha_outlier].numpy(), d.alpha[d.alpha_outlier].numpy()
-    for r, name in enumerate(names):
-        for c, t in enumerate(snap_steps):
-            ax = axes[r][c]
-            ax.scatter(*ac.T, s=1.5, c="#1f77b4", edgecolors="none")
-            ax.scatter(*runs[name]["snapshots"][t].numpy().T, s=1.5, c="#d62728", edgecolors="none", alpha=0.7)
-            ax.scatter(*ao.T, s=2.5, c="k", edgecolors="none")
-            ax.set_xlim(-1.4, 4.3)
-            ax.set_ylim(-1.4, 1.4)
-            ax.set_aspect("equal")
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if r == 0:
-                ax.set_title(f"t = {t}", fontsize=8)
-            if c == 0:
-                ax.set_ylabel(name, fontsize=6.5)
-    fig.suptitle("beta_t (red) flowing to alpha = alpha_c (blue) + outliers (black)", fontsize=9)
-    fig.tight_layout()
-    _common.savefig(fig, path)
-
-
-def fig_curves(methods: dict, w0: float, path: Path, n_c: int, n_b: int, *, metric: str, linthresh: float,
-               cost: str):
-    """W(alpha_c, beta_t) (``metric``: "W1" / "W2", the ``<metric>_curve`` of each method) and loss curves."""
-    import matplotlib.pyplot as plt
-
-    fig, (ax_w, ax_h) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for name, m in methods.items():
-        ts, ws = zip(*m[f"{metric}_curve"])
-        ax_w.plot(ts, ws, marker="o", ms=2, lw=1.2, label=name)
-        ax_h.plot(range(1, len(m["loss_curve"]) + 1), m["loss_curve"], lw=1.2, label=name)
-    ax_w.set_yscale("log")
-    ax_w.set_xlabel("flow step t")
-    ax_w.set_title(f"{metric}(alpha_c, beta_t), exact on {n_c} x {n_b} points (t=0: {w0:.3g})", fontsize=9)
-    ax_h.set_xlabel("flow step t")
-    ax_h.set_yscale("symlog", linthresh=linthresh)
-    ax_h.set_title(f"loss h(alpha, beta_t) (Sinkhorn value, {cost})", fontsize=9)
-    ax_h.legend(fontsize=7)
-    fig.tight_layout()
-    _common.savefig(fig, path)

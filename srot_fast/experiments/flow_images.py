@@ -29,11 +29,11 @@ from pathlib import Path
 import torch
 
 from . import _common
+from ._figures import fig_curves
 from .flow2d import (
     claim,
     detector_claim,
     exact_w,
-    fig_curves,
     fit_detectors,
     flow_metrics,
     markdown_tail,

@@ -1,12 +1,14 @@
-"""Figures of the 2-D experiments (``srot-fast demo`` and ``srot-fast flow2d``), drawn with matplotlib's object
-API (no pyplot state): toy plans as weighted segments, the detectors' decision boundaries, beta_T per loss of
-the 2-D gradient flow, and the W1 / loss curves."""
+"""Figures shared by ``srot-fast demo`` and the flow experiments (``flow2d``, ``flow-images``): toy plans as
+weighted segments, the detectors' decision boundaries, beta_T per loss and snapshots of the 2-D gradient flow,
+and the W / loss curves of a flow."""
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
 import torch
+
+from ._common import savefig
 
 _COLORS = {"src": "#1f77b4", "tgt": "#d62728"}
 
@@ -175,3 +177,51 @@ def fig_flow_w(flow: dict, path: Path, dpi: int):
     ax_h.legend(fontsize=7)
     fig.savefig(path, dpi=dpi)
 
+
+def fig_snapshots(d, runs: dict, snap_steps: list, path: Path):
+    """beta_t at ``snap_steps`` (columns) for each flow (rows), over alpha_c and the outliers."""
+    import matplotlib.pyplot as plt
+
+    names = list(runs)
+    fig, axes = plt.subplots(len(names), len(snap_steps), figsize=(2.2 * len(snap_steps), 1.25 * len(names) + 0.5),
+                             squeeze=False)
+    ac, ao = d.alpha[~d.alpha_outlier].numpy(), d.alpha[d.alpha_outlier].numpy()
+    for r, name in enumerate(names):
+        for c, t in enumerate(snap_steps):
+            ax = axes[r][c]
+            ax.scatter(*ac.T, s=1.5, c="#1f77b4", edgecolors="none")
+            ax.scatter(*runs[name]["snapshots"][t].numpy().T, s=1.5, c="#d62728", edgecolors="none", alpha=0.7)
+            ax.scatter(*ao.T, s=2.5, c="k", edgecolors="none")
+            ax.set_xlim(-1.4, 4.3)
+            ax.set_ylim(-1.4, 1.4)
+            ax.set_aspect("equal")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if r == 0:
+                ax.set_title(f"t = {t}", fontsize=8)
+            if c == 0:
+                ax.set_ylabel(name, fontsize=6.5)
+    fig.suptitle("beta_t (red) flowing to alpha = alpha_c (blue) + outliers (black)", fontsize=9)
+    fig.tight_layout()
+    savefig(fig, path)
+
+
+def fig_curves(methods: dict, w0: float, path: Path, n_c: int, n_b: int, *, metric: str, linthresh: float,
+               cost: str):
+    """W(alpha_c, beta_t) (``metric``: "W1" / "W2", the ``<metric>_curve`` of each method) and loss curves."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax_w, ax_h) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for name, m in methods.items():
+        ts, ws = zip(*m[f"{metric}_curve"])
+        ax_w.plot(ts, ws, marker="o", ms=2, lw=1.2, label=name)
+        ax_h.plot(range(1, len(m["loss_curve"]) + 1), m["loss_curve"], lw=1.2, label=name)
+    ax_w.set_yscale("log")
+    ax_w.set_xlabel("flow step t")
+    ax_w.set_title(f"{metric}(alpha_c, beta_t), exact on {n_c} x {n_b} points (t=0: {w0:.3g})", fontsize=9)
+    ax_h.set_xlabel("flow step t")
+    ax_h.set_yscale("symlog", linthresh=linthresh)
+    ax_h.set_title(f"loss h(alpha, beta_t) (Sinkhorn value, {cost})", fontsize=9)
+    ax_h.legend(fontsize=7)
+    fig.tight_layout()
+    savefig(fig, path)
