@@ -521,6 +521,30 @@ def test_triton_dot_path_is_fp32_accurate(precision):
             assert ((got - want).abs() / want).max() < 2e-6
 
 
+@pytest.mark.gpu
+@pytest.mark.triton
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0),
+                    reason="needs a CUDA device with TF32 tensor cores")
+def test_triton_plain_tf32_is_within_its_documented_error():
+    """On GPU, the opt-in precision="tf32": squared distances of centred Gaussian points at D = 64, 300, 3072
+    within the documented 5e-4 relative of float64 (test_tf32_rounding_error_is_as_documented), and above
+    1e-6 at D = 64, which shows the tensor cores did round the operands (fp32 gives ~1e-7)."""
+    mod = _backend("triton")
+    g = torch.Generator().manual_seed(0)
+    for d in (64, 300, 3072):
+        x = torch.randn(256, d, generator=g)
+        y = torch.randn(64, d, generator=g) + 0.3
+        exact = torch.cdist(x.double(), y.double()).square()
+        worst = 0.0
+        for j in range(8):  # one column at a time through the softmin (M = 1: out_i = C(x_i, y_j) exactly)
+            got = mod.softmin_fwd(x.cuda(), y[j : j + 1].cuda(), torch.zeros(1, device="cuda"), 1.0, 2, path="dot",
+                                  precision="tf32").cpu().double()
+            worst = max(worst, ((2 * got - exact[:, j]).abs() / exact[:, j]).max().item())
+        assert worst < 5e-4, (d, worst)
+        if d == 64:
+            assert worst > 1e-6, worst
+
+
 # ------------------------------------------------------------------------------------ argmax / max C
 _AM_KEOPS = [pytest.param("keops", 3, torch.float64, p, marks=KEOPS) for p in (1, 2)]
 _AM_TRITON = [pytest.param(*c, marks=TRITON) for c in _grid(["triton"], (2, 3))] + [
