@@ -6,7 +6,7 @@ soft-min against the exp2 limit of the card.
    same points as bfloat16 and as float32 (the points are bfloat16 values, so both runs see the same
    problem and differ only in the kernels: half tiles vs float32 ones, at each float32 dot precision
    "ieee", "tf32x3", "tf32"), against a float64 run on the same points: relative error of the value as
-   returned (input dtype: bfloat16 rounds it to 2^-9), of the dual value <a, f> + <b, g> recomputed in
+   returned (input dtype: bfloat16's unit roundoff is 2^-8 = 3.9e-3), of the dual value <a, f> + <b, g> recomputed in
    float64 from the float32 potentials (the kernels' own error), of the gradient (relative to its largest
    entry), and the median time of loss + gradient over interleaved repetitions.
 2. ``softmin_small_d``: the float32 soft-min at d = 2, n = m = 100k, p = 1 and 2 (autotuned launches):

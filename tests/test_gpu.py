@@ -168,8 +168,8 @@ def test_detector_trains_on_cuda_images(power, tmp_path):
 def test_sinkhorn_triton_half_points_on_cuda(d, dtype, p):
     """Half points on the Triton backend (read as they are, computed in float32) against 'tensorized' in
     float64 on the same rounded points, KL, 60 updates: float32 potentials within 1e-4 of the cost scale,
-    the value (in the input dtype) within its own rounding plus 1e-5 (2^-8 / 2^-11 relative for bfloat16 /
-    float16), gradients in the input dtype within 2^-7 / 2^-10 of their largest entry."""
+    the value (in the input dtype) within its own rounding (unit roundoff 2^-8 / 2^-11 for bfloat16 /
+    float16) plus 1e-5 relative, gradients in the input dtype within twice that of their largest entry."""
     n, m = 700, 900
     x0, y0, _, _ = _clouds(n, m, d, torch.float64)
     x0, y0 = x0 / (d / 2) ** 0.5, y0 / (d / 2) ** 0.5  # costs O(1) at every d
@@ -209,7 +209,8 @@ def test_triton_half_solve_reads_the_points_in_place(monkeypatch):
 def test_srotloss_under_cuda_autocast_bfloat16():
     """The CUDA variant of tests/test_inputs.py's autocast test: features of a network under
     ``torch.autocast("cuda", dtype=torch.bfloat16)`` are bfloat16 and go to the Triton backend as they are;
-    the bfloat16 value is within 2^-8 relative of the float64 computation on the same rounded features,
+    the bfloat16 value is within 2^-7 relative of the float64 computation on the same rounded features (its
+    own rounding is up to 2^-8),
     within 2e-2 of the float32 network's value, and the gradients reach the network (within 5e-2 of the
     float32 ones relative to their largest entry)."""
     gen = torch.Generator().manual_seed(0)
@@ -228,6 +229,6 @@ def test_srotloss_under_cuda_autocast_bfloat16():
     want = SROTLoss(p=2, blur=0.2, debias=False, backend="tensorized", tol=1e-8)(fx.detach().double(),
                                                                                 fy.detach().double())
     value, v32 = float(value.detach()), float(v32.detach())
-    assert abs(value - float(want)) <= 2**-8 * abs(float(want))
+    assert abs(value - float(want)) <= 2**-7 * abs(float(want))
     assert abs(value - v32) <= 2e-2 * abs(v32)
     assert torch.isfinite(g16).all() and float((g16.float() - g32).abs().max()) <= 5e-2 * float(g32.abs().max())

@@ -335,8 +335,8 @@ def _autocast_backends():
 def test_srotloss_under_cpu_autocast_bfloat16(backend):
     """Features from a network under ``torch.autocast("cpu", dtype=torch.bfloat16)`` are bfloat16; SROTLoss on
     them (computed in float32; Triton reads the bfloat16 points as they are) gives a finite bfloat16 value
-    within 2^-8 relative of the float64 computation on the same rounded features (the value's own bfloat16
-    rounding is 2^-9), within 2e-2 relative of the float32 network's value, and gradients reach the network's
+    within 2^-7 relative of the float64 computation on the same rounded features (the value's own bfloat16
+    rounding is up to 2^-8), within 2e-2 relative of the float32 network's value, and gradients reach the network's
     weights, within 5e-2 of the float32 ones (relative to their largest entry: bfloat16 rounding of the
     features and of the backward's matmuls)."""
     gen = torch.Generator().manual_seed(0)
@@ -354,6 +354,6 @@ def test_srotloss_under_cpu_autocast_bfloat16(backend):
     want = SROTLoss(p=2, blur=0.2, debias=False, backend="tensorized", tol=1e-8)(fx.detach().double(),
                                                                                 fy.detach().double())
     value, v32 = float(value.detach()), float(v32.detach())
-    assert abs(value - float(want)) <= 2**-8 * abs(float(want))
+    assert abs(value - float(want)) <= 2**-7 * abs(float(want))
     assert abs(value - v32) <= 2e-2 * abs(v32)
     assert torch.isfinite(g16).all() and float((g16.float() - g32).abs().max()) <= 5e-2 * float(g32.abs().max())
