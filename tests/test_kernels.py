@@ -371,6 +371,14 @@ def test_triton_dot_precision_choice(monkeypatch):
     x, y, h, _ = _problem(40, torch.float32, 2)
     with pytest.raises(ValueError, match="SROT_TRITON_DOT_PRECISION"):
         mod.softmin_fwd(x, y, h, 0.1, 2)
+    # a "tf32x3" default falls back to "ieee" on a GPU without TF32 tensor cores (an explicit choice stays)
+    monkeypatch.delenv("SROT_TRITON_DOT_PRECISION")
+    monkeypatch.setattr(launchers, "_DEFAULT_PRECISION", "tf32x3")
+    gpu = torch.device("cuda")
+    monkeypatch.setattr(launchers, "_has_tf32", lambda device: False)
+    assert launchers._precision(None, gpu) == "ieee" and launchers._precision("tf32x3", gpu) == "tf32x3"
+    monkeypatch.setattr(launchers, "_has_tf32", lambda device: True)
+    assert launchers._precision(None, gpu) == "tf32x3"
 
 
 @pytest.mark.triton
