@@ -48,8 +48,7 @@ def _clouds(n, m, d, dtype, seed=0):
     ("softmin", 2, 1, None, torch.float32), ("softmin", 64, 2, "ieee", torch.float32),
     ("weighted_mean", 64, 2, "ieee", torch.float32), ("softmin", 64, 2, "tf32x3", torch.float32),
     ("weighted_mean", 64, 2, "tf32x3", torch.float32), ("softmin", 2, 2, None, torch.bfloat16),
-    ("softmin", 64, 1, None, torch.bfloat16), ("weighted_mean", 64, 2, None, torch.float16),
-    ("weighted_mean", 2, 1, None, torch.bfloat16)])
+    ("weighted_mean", 64, 2, None, torch.float16)])  # each tuned key compiles every candidate: few half cases
 def test_autotuned_launches_match_float64(prim, d, p, precision, dtype, monkeypatch):
     """At n = m = 8192 (2^26 pairs, the tuning threshold) the launch is autotuned over the candidate blocks;
     the chosen kernel's rows match a float64 reference (256 rows against all columns), with the large-d
