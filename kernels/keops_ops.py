@@ -11,8 +11,9 @@ Same functions and signatures as :mod:`srot_fast.kernels.tensorized`:
 with C = |x - y| (p = 1) or |x - y|^2 / 2 (p = 2). Batches: x (B, N, D), y (B, M, D), h (B, M) with one
 ``eps`` give (B, N), (B, N, D), (B, N), (B,) by one reduction with a KeOps batch dimension (x_i
 (B, N, 1, D), y_j (B, 1, M, D), h_j (B, 1, M, 1)); B = 0 returns empty outputs without calling KeOps.
-float32 and float64 are computed as given; float16 / bfloat16 inputs are computed in float32 and the
-results returned in float32.
+float32 and float64 are computed as given; float16 / bfloat16 inputs are upcast to float32 copies and the
+results returned in float32 (the solver upcasts the points once for this backend; only the Triton backend
+reads half points as they are).
 
 To keep the number of compiled formulas small (each is a build of several seconds on CPU, cached by
 KeOps in ``~/.cache/keops*``), ``eps`` and ``p`` are runtime parameters, not constants of the formula: the

@@ -9,8 +9,9 @@ Shapes: ``x`` (N, D) row points, ``y`` (M, D) column points, ``h`` (M,) column l
 x (B, N, D), y (B, M, D), h (B, M) with one ``eps`` for all B problems (outputs gain the leading B, computed
 by broadcasting; B = 0 gives empty outputs). Cost: ``p = 1`` -> C = |x - y|,  ``p = 2`` -> C = |x - y|^2 / 2.
 
-dtypes: float32 and float64 are computed and returned as given; float16 and bfloat16 inputs are computed
-in float32 and the results returned in float32.
+dtypes: float32 and float64 are computed and returned as given; float16 and bfloat16 inputs are upcast to
+float32 copies and the results returned in float32 (the solver upcasts the points once for this backend;
+only the Triton backend reads half points as they are).
 
 Caution:
     Memory is O(B * N * M); use an online backend beyond a few tens of thousands of points.

@@ -97,8 +97,13 @@ def _same_device(t: torch.Tensor, like: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} is on {t.device} but the points are on {like.device}; move it to {like.device}")
 
 
-def compute_dtype(*ts):
-    """Cast float16 / bfloat16 tensors (None passes through) to float32, the dtype the solver runs in."""
+def compute_dtype(*ts, keep_half: bool = False):
+    """Cast float16 / bfloat16 tensors (None passes through) to float32, the dtype the solver runs in.
+    ``keep_half=True`` returns them unchanged: for the points on the Triton backend, whose kernels load half
+    tiles and compute in float32 (no float32 copy, half the memory traffic). The cpu, keops and tensorized
+    backends get float32 copies (their primitives would otherwise upcast at every call)."""
+    if keep_half:
+        return ts
     return tuple(t.float() if t is not None and t.dtype in _HALF_DTYPES else t for t in ts)
 
 

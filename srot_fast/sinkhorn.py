@@ -241,7 +241,7 @@ def _check_solution(sol: _loop.Solution, tol: Optional[float], max_iter: int) ->
 
 def _empty(x, y, a, b, eps, p, name, ops, in_dtype) -> SinkhornResult:
     z = (x.sum((1, 2)) + y.sum((1, 2))) * 0
-    zn, zm = x.new_zeros(0, x.shape[1]), y.new_zeros(0, y.shape[1])
+    zn, zm = a.new_zeros(0, x.shape[1]), b.new_zeros(0, y.shape[1])
     return SinkhornResult(f=zn, g=zm, value=z.to(in_dtype), n_iter=torch.zeros(0, dtype=torch.int64),
                           marginal_error=x.new_zeros(0, dtype=torch.float64), row_mass=zn, col_mass=zm, eps=eps,
                           p=p, backend=name, passes=0, syncs=0,
@@ -330,7 +330,10 @@ def _solve(x, y, a=None, b=None, *, p, eps, penalty="balanced", tau=None, mass=N
     b = _checks.check_weights(b, y, "b")
     u = _checks.check_offsets(u, x, "u")
     v = _checks.check_offsets(v, y, "v")
-    x, y, a, b, u, v = _checks.compute_dtype(x, y, a, b, u, v)
+    name = resolve_backend(backend, x.shape[-2], y.shape[-2], x.device)
+    x, y = _checks.compute_dtype(x, y, keep_half=name == "triton")  # Triton loads half points as they are
+    a, b, u, v = _checks.compute_dtype(a, b, u, v)
+    cdt = a.dtype  # the dtype the solver runs in (float32 for half points)
     scaling = _checks.check_positive(scaling, "scaling")
     if not scaling < 1:
         raise ValueError(f"scaling must be in (0, 1), got {scaling}")
@@ -349,7 +352,6 @@ def _solve(x, y, a=None, b=None, *, p, eps, penalty="balanced", tau=None, mass=N
         x, y, a, b = x[None], y[None], a[None], b[None]
         u = None if u is None else u[None]
         v = None if v is None else v[None]
-    name = resolve_backend(backend, x.shape[-2], y.shape[-2], x.device)
     ops = get_ops(name)
     if x.shape[0] == 0:  # an empty batch: empty results, still connected to the inputs
         return _empty(x, y, a, b, eps, p, name, ops, in_dtype)
@@ -362,9 +364,9 @@ def _solve(x, y, a=None, b=None, *, p, eps, penalty="balanced", tau=None, mass=N
         diam = bbox_diameter(xd, yd, ad, bd)
     else:
         diam = float(diameter) if diameter == 0 else _checks.check_positive(diameter, "diameter")
-    _checks.check_scale(diam, p, eps, x.dtype)
+    _checks.check_scale(diam, p, eps, cdt)
     mass_a, mass_b = ad.sum(-1), bd.sum(-1)
-    _checks.check_masses(mass_a, mass_b, x.dtype)
+    _checks.check_masses(mass_a, mass_b, cdt)
     eps_list = epsilon_schedule(p, diam, eps ** (1 / p), scaling)
 
     if init is not None:
@@ -372,7 +374,7 @@ def _solve(x, y, a=None, b=None, *, p, eps, penalty="balanced", tau=None, mass=N
             raise TypeError("init must be a pair (f0, g0) of potentials")
         f0 = _checks.check_offsets(init[0], x if batched else x[0], "init[0]")
         g0 = _checks.check_offsets(init[1], y if batched else y[0], "init[1]")
-        init = (f0.detach().to(x.dtype), g0.detach().to(x.dtype))
+        init = (f0.detach().to(cdt), g0.detach().to(cdt))
         if not batched:
             init = (init[0][None], init[1][None])
 

@@ -2,7 +2,8 @@
 per problem, the unbatched torch reference (``kernels.tensorized`` in float64 on the same inputs): relative
 1e-12 (float64) / 1e-5 (float32) of the problem's cost or coordinate scale. Also: B = 0, a problem whose
 columns are all masked, shape errors, one Triton launch per primitive for the whole batch, Triton's 64-bit
-element offsets, and float16 / bfloat16 inputs.
+element offsets, and float16 / bfloat16 inputs (computed in float32, compared with the float64 reference on
+the same half-rounded inputs at the float32 tolerance; Triton loads them without a float32 copy).
 
 Backends: those of ``srot_fast.backends.available_backends()``; Triton runs under ``TRITON_INTERPRET=1`` on
 CPU (marker ``triton``, few small cases: the interpreter is slow), KeOps (marker ``keops``) on float64 at
@@ -28,6 +29,7 @@ INF = float("inf")
 KEOPS = pytest.mark.keops
 TRITON = pytest.mark.triton
 RTOL = {torch.float64: 1e-12, torch.float32: 1e-5}  # relative to the problem's scale (cost or coordinates)
+HALF = (torch.float16, torch.bfloat16)
 N, M = 37, 21
 
 
@@ -71,7 +73,9 @@ def _close(out, want, dtype, scale):
 
 
 def _check_all(mod, x, y, h, p, dtype):
-    """Every primitive, batched, against the float64 reference of each problem."""
+    """Every primitive, batched, against the float64 reference of each problem. float16 / bfloat16 inputs:
+    float32 results within the float32 tolerance of the reference on the same (rounded) inputs."""
+    dtype = torch.float32 if dtype in HALF else dtype  # the compute dtype: results and tolerances
     nb, n, d = x.shape
     eps = 0.1 * (1.0 if p == 1 else 2.0) * math.sqrt(d)
     x64, y64, h64 = x.double(), y.double(), h.double()
@@ -102,7 +106,10 @@ _FULL = [(dt, nb, d, p) for dt in (torch.float32, torch.float64) for nb in (0, 1
          for p in (1, 2)]
 _FEW = {  # the interpreter and the KeOps compiler are slow: a selection
     "triton": [(torch.float32, 3, 1, 1), (torch.float64, 3, 3, 2), (torch.float64, 1, 2, 1),
-               (torch.float32, 0, 3, 2), (torch.float32, 3, 64, 1), (torch.float32, 3, 64, 2)],
+               (torch.float32, 0, 3, 2), (torch.float32, 3, 64, 1), (torch.float32, 3, 64, 2),
+               # half points, loaded as such: small-d path, tl.dot path with the one-pass mean, two-pass mean
+               (torch.bfloat16, 3, 3, 1), (torch.float16, 2, 3, 2), (torch.bfloat16, 3, 64, 2),
+               (torch.float16, 2, 64, 1), (torch.bfloat16, 1, 129, 1), (torch.float16, 1, 129, 2)],
     "keops": [(torch.float64, nb, 3, p) for nb in (0, 1, 3) for p in (1, 2)],
 }
 _CASES = [pytest.param(b.values[0], *c, marks=b.marks) for b in BACKENDS for c in _FEW.get(b.values[0], _FULL)]
@@ -111,7 +118,8 @@ _CASES = [pytest.param(b.values[0], *c, marks=b.marks) for b in BACKENDS for c i
 @pytest.mark.parametrize("backend,dtype,nb,d,p", _CASES)
 def test_batched_primitives_match_reference(backend, dtype, nb, d, p):
     """softmin, weighted_mean (both phi), plan_argmax and max_cost of a batch, per problem against the
-    float64 reference (Triton: D = 64 in float32 takes the tl.dot path and the one-pass tl.dot mean)."""
+    float64 reference (Triton: D = 64 in float32 and half takes the tl.dot path and the one-pass tl.dot mean,
+    D = 129 the two-pass mean)."""
     x, y, h = _batch(nb, d, dtype, p)
     _check_all(_module(backend), x, y, h, p, dtype)
 
@@ -367,3 +375,48 @@ def test_half_inputs_are_computed_in_float32(backend, dtype):
         _close(out, ref.weighted_mean(x64, y64, h64, eps, 2, "grad"), torch.float32, 10.0)
         assert mod.max_cost(x, y, 2).dtype == torch.float32
         assert mod.plan_argmax(x, y, h, eps, 2).dtype == torch.int64
+
+
+class _DtypeRecorder:
+    """Stands in for a @triton.jit kernel: records the dtypes and addresses of the tensor arguments of each
+    launch, then launches the real kernel."""
+
+    def __init__(self, kernel, name, seen):
+        self.kernel, self.name, self.seen = kernel, name, seen
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.seen.append((self.name, [(a.dtype, a.data_ptr()) for a in args if torch.is_tensor(a)]))
+            return self.kernel[grid](*args, **kw)
+
+        return launch
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("dtype", HALF)
+def test_triton_half_points_reach_the_kernels_without_a_float32_copy(monkeypatch, dtype):
+    """float16 / bfloat16 points go to every Triton kernel in their own dtype (the kernels upcast each tile in
+    registers); on the tl.dot path (row-major, not centred) the very tensors given are read in place. ``h``,
+    ``prm`` and the outputs are float32."""
+    triton_mod = _module("triton")
+    from srot_fast.kernels.triton import launchers
+
+    names = ("_softmin_fwd_kernel", "_softmin_small_kernel", "_weighted_mean_dot_kernel", "_weighted_mean_fwd_kernel",
+             "_weighted_sum_dot_kernel", "_plan_argmax_fwd_kernel", "_max_sq_fwd_kernel")
+    seen = []
+    for name in names:
+        monkeypatch.setattr(launchers, name, _DtypeRecorder(getattr(launchers, name), name, seen))
+    for d in (3, 64, 129):
+        x, y, h = _batch(2, d, dtype, 2, n=13, m=12)
+        h = h.float()
+        for p in (1, 2):
+            triton_mod.softmin(x, y, h, 1.0, p)
+            triton_mod.weighted_mean(x, y, h, 1.0, p, "grad")
+            triton_mod.plan_argmax(x, y, h, 1.0, p)
+        triton_mod.max_cost(x, y, 2)
+        for name, tensors in seen:
+            assert tensors[0][0] == dtype and tensors[1][0] == dtype, (name, tensors)
+            assert all(dt in (dtype, torch.float32, torch.int64) for dt, _ in tensors), (name, tensors)
+            if d > 3:  # dot path: x and y themselves
+                assert tensors[0][1] == x.data_ptr() and tensors[1][1] == y.data_ptr(), name
+        del seen[:]

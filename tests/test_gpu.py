@@ -2,7 +2,10 @@
 
 - Sinkhorn / SROTLoss on the Triton backend with CUDA tensors against 'tensorized' on the same device,
   float32 (TF32 off) and float64, small d and the large-d ``tl.dot`` path, values and gradients;
-- autotuned launches (n = m = 8192) against float64;
+- autotuned launches (n = m = 8192) against float64, float32 and half points;
+- float16 / bfloat16 points on the Triton backend: read in place (no float32 copy), float32 potentials
+  against float64 on the same rounded points, value and gradients in the input dtype; SROTLoss under
+  ``torch.autocast("cuda", dtype=torch.bfloat16)``;
 - 'auto' picks Triton on CUDA; results stay on the input device;
 - no n x m buffer: CUDA allocator peak of a Triton solve at n = m = 20k far below 4 n m bytes;
 - the VAT detector trains on CUDA (points and images, fused and fd power steps), finds the toy's type-II
@@ -41,20 +44,23 @@ def _clouds(n, m, d, dtype, seed=0):
     return [t.to("cuda", dtype) for t in (x, y, s_x, s_y)]
 
 
-@pytest.mark.parametrize("prim,d,p,precision", [("softmin", 2, 1, None), ("softmin", 64, 2, "ieee"),
-                                                ("weighted_mean", 64, 2, "ieee"), ("softmin", 64, 2, "tf32x3"),
-                                                ("weighted_mean", 64, 2, "tf32x3")])
-def test_autotuned_launches_match_float64(prim, d, p, precision, monkeypatch):
+@pytest.mark.parametrize("prim,d,p,precision,dtype", [
+    ("softmin", 2, 1, None, torch.float32), ("softmin", 64, 2, "ieee", torch.float32),
+    ("weighted_mean", 64, 2, "ieee", torch.float32), ("softmin", 64, 2, "tf32x3", torch.float32),
+    ("weighted_mean", 64, 2, "tf32x3", torch.float32), ("softmin", 2, 2, None, torch.bfloat16),
+    ("weighted_mean", 64, 2, None, torch.float16)])  # each tuned key compiles every candidate: few half cases
+def test_autotuned_launches_match_float64(prim, d, p, precision, dtype, monkeypatch):
     """At n = m = 8192 (2^26 pairs, the tuning threshold) the launch is autotuned over the candidate blocks;
     the chosen kernel's rows match a float64 reference (256 rows against all columns), with the large-d
-    path's tl.dot at each precision (set through SROT_TRITON_DOT_PRECISION, as a user would)."""
+    path's tl.dot at each precision (set through SROT_TRITON_DOT_PRECISION, as a user would), and for half
+    points (the reference on the same rounded points: float32 accuracy)."""
     from srot_fast.kernels import tensorized as ref
     from srot_fast.kernels import triton_softmin as tri
 
     if precision is not None:
         monkeypatch.setenv("SROT_TRITON_DOT_PRECISION", precision)
     n = 8192
-    x, y, _, _ = _clouds(n, n, d, torch.float32)
+    x, y, _, _ = _clouds(n, n, d, dtype)
     h = torch.full((n,), -torch.log(torch.tensor(float(n))).item(), device="cuda")
     eps = 0.05 * float(ref.max_cost(x[:256].double(), y[:256].double(), p))
     before = sum(len(v) for v in tri.tuned_configs().values())
@@ -154,3 +160,74 @@ def test_detector_trains_on_cuda_images(power, tmp_path):
     det.save(tmp_path / "det.pt")
     back = OutlierDetector.load(tmp_path / "det.pt")
     torch.testing.assert_close(back.predict_proba(src), det.predict_proba(src), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("d,dtype,p", [(2, torch.bfloat16, 1), (2, torch.float16, 2), (64, torch.bfloat16, 2),
+                                       (64, torch.float16, 1)])
+def test_sinkhorn_triton_half_points_on_cuda(d, dtype, p):
+    """Half points on the Triton backend (read as they are, computed in float32) against 'tensorized' in
+    float64 on the same rounded points, KL, 60 updates: float32 potentials within 1e-4 of the cost scale,
+    the value (in the input dtype) within its own rounding (unit roundoff 2^-8 / 2^-11 for bfloat16 /
+    float16) plus 1e-5 relative, gradients in the input dtype within twice that of their largest entry."""
+    n, m = 700, 900
+    x0, y0, _, _ = _clouds(n, m, d, torch.float64)
+    x0, y0 = x0 / (d / 2) ** 0.5, y0 / (d / 2) ** 0.5  # costs O(1) at every d
+    rel = 2**-8 if dtype == torch.bfloat16 else 2**-11
+    xh, yh = x0.to(dtype).requires_grad_(), y0.to(dtype)
+    x64 = xh.detach().double().requires_grad_()
+    kw = dict(p=p, eps=0.05, penalty="kl", tau=1.0, tol=1e-30, max_iter=60)
+    out = sinkhorn(xh, yh, backend="triton", **kw)
+    want = sinkhorn(x64, yh.double(), backend="tensorized", **kw)
+    assert out.f.dtype == torch.float32 and out.value.dtype == dtype
+    assert float((out.f.double() - want.f).abs().max()) <= 1e-4  # costs O(1)
+    assert float((out.g.double() - want.g).abs().max()) <= 1e-4
+    assert abs(float(out.value.detach()) - float(want.value.detach())) <= (rel + 1e-5) * abs(float(want.value))
+    (gx,) = torch.autograd.grad(out.value, xh)
+    (gx64,) = torch.autograd.grad(want.value, x64)
+    assert gx.dtype == dtype
+    assert float((gx.double() - gx64).abs().max()) <= 2 * rel * float(gx64.abs().max())
+
+
+def test_triton_half_solve_reads_the_points_in_place(monkeypatch):
+    """n = m = 50k, d = 64, bfloat16: a float32 copy of x alone would be 12.8 MB; the Triton solve's
+    allocator peak stays below half of that (the kernels read the bfloat16 points as they are). The diameter
+    is given: the default one (geometry.bbox_diameter) reads the points through a float64 copy."""
+    monkeypatch.setenv("SROT_TRITON_AUTOTUNE", "0")  # fixed blocks: tuning would compile every candidate
+    n, d = 50_000, 64
+    x, y, _, _ = _clouds(n, n, d, torch.bfloat16)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    res = sinkhorn(x, y, p=2, eps=0.5, penalty="kl", tau=1.0, backend="triton", max_iter=5, diameter=10.0)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    assert torch.isfinite(res.value) and res.value.dtype == torch.bfloat16
+    assert peak < n * d * 4 / 2, f"peak {peak / 2**20:.1f} MiB"
+
+
+def test_srotloss_under_cuda_autocast_bfloat16():
+    """The CUDA variant of tests/test_inputs.py's autocast test: features of a network under
+    ``torch.autocast("cuda", dtype=torch.bfloat16)`` are bfloat16 and go to the Triton backend as they are;
+    the bfloat16 value is within 2^-7 relative of the float64 computation on the same rounded features (its
+    own rounding is up to 2^-8),
+    within 2e-2 of the float32 network's value, and the gradients reach the network (within 5e-2 of the
+    float32 ones relative to their largest entry)."""
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(600, 5, generator=gen).cuda(), (torch.randn(500, 5, generator=gen) + 0.5).cuda()
+    torch.manual_seed(0)
+    net = torch.nn.Linear(5, 3).cuda()
+    loss = SROTLoss(p=2, blur=0.2, debias=False)
+    v32 = loss(net(x), net(y))
+    (g32,) = torch.autograd.grad(v32, net.weight)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        fx, fy = net(x), net(y)
+        value = loss(fx, fy)
+    assert loss.last_result.backend == "triton"
+    assert fx.dtype == torch.bfloat16 and value.dtype == torch.bfloat16 and torch.isfinite(value)
+    (g16,) = torch.autograd.grad(value, net.weight)
+    want = SROTLoss(p=2, blur=0.2, debias=False, backend="tensorized", tol=1e-8)(fx.detach().double(),
+                                                                                fy.detach().double())
+    value, v32 = float(value.detach()), float(v32.detach())
+    assert abs(value - float(want)) <= 2**-7 * abs(float(want))
+    assert abs(value - v32) <= 2e-2 * abs(v32)
+    assert torch.isfinite(g16).all() and float((g16.float() - g32).abs().max()) <= 5e-2 * float(g32.abs().max())

@@ -320,3 +320,40 @@ def test_eps_below_the_dtype_resolution_is_refused():
     with pytest.raises(ValueError, match=r"^eps = 1e-06 is below what torch.float32 resolves"):
         sinkhorn(x.float() * 100, y.float() * 100, p=2, eps=1e-6)
     sinkhorn(x * 100, y * 100, p=2, eps=1e-6, max_iter=2, tol=1.0)  # float64 resolves it
+
+
+# ---------------------------------------------------------------- autocast
+def _autocast_backends():
+    from srot_fast.backends import available_backends
+
+    have = available_backends()
+    return [pytest.param(b, marks=[pytest.mark.triton] if b == "triton" else [])
+            for b in ("tensorized", "cpu", "triton") if b in have]
+
+
+@pytest.mark.parametrize("backend", _autocast_backends())
+def test_srotloss_under_cpu_autocast_bfloat16(backend):
+    """Features from a network under ``torch.autocast("cpu", dtype=torch.bfloat16)`` are bfloat16; SROTLoss on
+    them (computed in float32; Triton reads the bfloat16 points as they are) gives a finite bfloat16 value
+    within 2^-7 relative of the float64 computation on the same rounded features (the value's own bfloat16
+    rounding is up to 2^-8), within 2e-2 relative of the float32 network's value, and gradients reach the network's
+    weights, within 5e-2 of the float32 ones (relative to their largest entry: bfloat16 rounding of the
+    features and of the backward's matmuls)."""
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(40, 5, generator=gen), torch.randn(33, 5, generator=gen) + 0.5
+    torch.manual_seed(0)
+    net = torch.nn.Linear(5, 3)
+    loss = SROTLoss(p=2, blur=0.2, debias=False, backend=backend)  # one solve: the interpreter is slow
+    v32 = loss(net(x), net(y))
+    (g32,) = torch.autograd.grad(v32, net.weight)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fx, fy = net(x), net(y)
+        value = loss(fx, fy)
+    assert fx.dtype == torch.bfloat16 and value.dtype == torch.bfloat16 and torch.isfinite(value)
+    (g16,) = torch.autograd.grad(value, net.weight)
+    want = SROTLoss(p=2, blur=0.2, debias=False, backend="tensorized", tol=1e-8)(fx.detach().double(),
+                                                                                fy.detach().double())
+    value, v32 = float(value.detach()), float(v32.detach())
+    assert abs(value - float(want)) <= 2**-7 * abs(float(want))
+    assert abs(value - v32) <= 2e-2 * abs(v32)
+    assert torch.isfinite(g16).all() and float((g16.float() - g32).abs().max()) <= 5e-2 * float(g32.abs().max())

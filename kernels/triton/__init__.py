@@ -33,14 +33,24 @@ compiled kernel per D). Two ways to form a tile of squared distances:
   (unrolled for D <= 16). The softmin reads coordinate-major (B, D, N) views of x and y and has two tile
   orientations: (BLOCK_N, BLOCK_M) reduced over columns across threads, or transposed (BLOCK_M, BLOCK_N)
   where each thread owns a row and reduces its columns in registers (no warp shuffles);
-- *large-d path* (float32, D >= 32, any D): |x|^2 + |y|^2 - 2 x.y with the cross term from ``tl.dot`` over
-  chunks of ``BLOCK_K`` coordinates at fp32 accuracy, never plain TF32 (whose 10-bit mantissa gives ~5e-5
-  relative error on squared distances at D = 300 against ~2e-7 for fp32). ``input_precision`` is "ieee"
-  (fp32 FMA, the default) or "tf32x3" (``SROT_TRITON_DOT_PRECISION=tf32x3`` or ``precision=``: each operand
-  split into a TF32 high part and a TF32 remainder, hi.hi + hi.lo + lo.hi on the tensor cores with fp32
-  accumulation: the accuracy of "ieee", faster on GPUs with tensor cores). Each problem's two clouds are
-  centred on their common mean first; pairs closer than the rounding noise (relative 2 sqrt(D) u) count as
-  coincident (p = 1). For p = 2 the softmin folds the norms out of the pair loop:
+- *large-d path* (float32 and half points, D >= 32, any D): |x|^2 + |y|^2 - 2 x.y with the cross term
+  from ``tl.dot`` over chunks of ``BLOCK_K`` coordinates. Its ``input_precision`` for float32 points
+  (``precision=`` on the launchers, else ``SROT_TRITON_DOT_PRECISION``, else "ieee"):
+
+  - "ieee" (the default): fp32 FMA on the CUDA cores;
+  - "tf32x3": each operand split into a TF32 high part and a TF32 remainder, hi.hi + hi.lo + lo.hi on the
+    tensor cores with fp32 accumulation: the accuracy of "ieee" (~2e-7 relative on squared distances),
+    faster on GPUs with tensor cores;
+  - "tf32" (opt-in, FlashSinkhorn's default): one tensor-core product of the operands rounded to TF32 (10
+    stored significand bits). Squared distances carry relative errors up to about 3e-4 at D = 64, 8e-5 at
+    D = 300 and 3e-5 at D = 3072 (median about 10x less; Gaussian and uniform data, CPU simulation of the
+    TF32 rounding in tests/test_kernels.py), and a soft-min value moves by at most that fraction of the
+    largest cost.
+
+  float16 / bfloat16 points take "tf32" for x.y whatever the setting: their values are exact in TF32, so
+  the products are exact and the sums float32. Float32 clouds are centred on their common mean first
+  (half ones are not: see ``launchers._operands``); pairs closer than the rounding noise (relative
+  2 sqrt(D) u) count as coincident (p = 1). For p = 2 the softmin folds the norms out of the pair loop:
   l_ij = (h_j - c |y_j|^2) + 2 c x_i.y_j, the row term -c |x_i|^2 added at the end (one FMA per pair
   after the dot).
 
@@ -54,12 +64,15 @@ then a second kernel adds ``w @ y_tile`` chunk by chunk into the program's own r
 Block sizes: on a GPU, the first launch of at least ``_TUNE_MIN_PAIRS`` (2^26) pairs (B * N * M) per
 (kernel, D, p, path, phi, precision, dtype, size bucket of B, N and M) is autotuned among ``_CFG_DOT`` /
 ``_CFG_SMALL`` / ``_CFG_WMEAN_DOT`` / ``_CFG_WMEAN_SMALL`` (CUDA-event timing, no extra memory;
-``SROT_TRITON_AUTOTUNE=0`` turns it off; ``tuned_configs()`` reports the choices); smaller launches, the
-interpreter and explicit block sizes use fixed defaults.
+``autotune=False`` on a launcher, or ``SROT_TRITON_AUTOTUNE=0`` when that is not given, turns it off;
+``tuned_configs()`` reports the choices); smaller launches, the interpreter and explicit block sizes use
+fixed defaults.
 
-Supported: float32 and float64, any D for every primitive; the four primitives also take float16 /
-bfloat16, upcast to float32 before the launch (float32 results); the ``*_fwd`` launchers take float32 and
-float64 only.
+Supported: float16, bfloat16, float32 and float64 points, any D for every primitive and launcher. Half
+points are read as they are (no float32 copy: half the memory traffic of float32) and every tile is upcast
+in registers: float32 arithmetic and accumulation, ``h`` float32 (a half ``h`` is upcast, O(M)), float32
+results; the solver keeps float32 potentials. (The cpu, keops and tensorized backends compute half inputs
+on float32 copies.)
 
 Tests: tests/test_kernels.py and tests/test_batched_kernels.py (marker ``triton``) run under the CPU
 interpreter (``TRITON_INTERPRET=1``) or on a GPU against the torch reference. The interpreter computes

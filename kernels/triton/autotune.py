@@ -1,8 +1,8 @@
 """Block-size autotuning on a GPU: the candidate configurations (``_CFG_DOT``, ``_CFG_SMALL``,
 ``_CFG_WMEAN_DOT``, ``_CFG_WMEAN_SMALL``), pruning, the CUDA-event timer, the autotuned kernels, the decision
-whether a launch is tuned (``_tune``: from ``_TUNE_MIN_PAIRS`` pairs on a GPU, ``SROT_TRITON_AUTOTUNE=0``
-turns it off) and :func:`tuned_configs`. When tuning happens and what it costs: the "Block sizes" paragraph
-of :mod:`srot_fast.kernels.triton`."""
+whether a launch is tuned (``_tune``: from ``_TUNE_MIN_PAIRS`` pairs on a GPU; the launchers' ``autotune=False``,
+or ``SROT_TRITON_AUTOTUNE=0`` when that is not given, turns it off) and :func:`tuned_configs`. When tuning
+happens and what it costs: the "Block sizes" paragraph of :mod:`srot_fast.kernels.triton`."""
 
 from __future__ import annotations
 
@@ -87,11 +87,22 @@ _TUNED = {
 }
 
 
-def _tune(x: torch.Tensor, pairs: int, fixed) -> bool:
+def _autotune_flag(autotune) -> bool:
+    """``autotune`` (True / False) if given, else the environment: on unless ``SROT_TRITON_AUTOTUNE`` is '0'."""
+    if autotune is None:
+        return os.environ.get("SROT_TRITON_AUTOTUNE", "1") != "0"
+    if not isinstance(autotune, bool):
+        raise TypeError(f"autotune must be None, True or False, got {autotune!r}")
+    return autotune
+
+
+def _tune(x: torch.Tensor, pairs: int, fixed, autotune=None) -> bool:
     """Autotune this launch? Only on a GPU (not the interpreter), from ``_TUNE_MIN_PAIRS`` pairs (B * N * M),
-    when no block size was given and ``SROT_TRITON_AUTOTUNE`` is not '0'."""
-    return (x.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1" and pairs >= _TUNE_MIN_PAIRS
-            and not any(fixed) and os.environ.get("SROT_TRITON_AUTOTUNE", "1") != "0")
+    when no block size was given and :func:`_autotune_flag` (``autotune``, else ``SROT_TRITON_AUTOTUNE``)
+    allows it. ``autotune`` is checked on every call, so a wrong value shows at once."""
+    allowed = _autotune_flag(autotune)
+    return (allowed and x.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1" and pairs >= _TUNE_MIN_PAIRS
+            and not any(fixed))
 
 
 def _size_key(b: int, n: int, m: int) -> int:

@@ -1,7 +1,11 @@
 """The seven ``@triton.jit`` kernels of the Triton backend (tile helpers in :mod:`.tiles`, launched by
 :mod:`.launchers`, autotuned by :mod:`.autotune`): softmin (large-d / row-major and small-d / coordinate-major),
 weighted mean (small-d one pass, ``tl.dot`` one pass, second pass of the two-pass form), plan argmax and the
-largest squared distance."""
+largest squared distance.
+
+Points may be float16 / bfloat16: their tiles are loaded in half precision and upcast in registers
+(:func:`.tiles._up`); ``h``, ``prm``, the accumulators and the outputs are in the compute dtype (float32, or
+float64 for float64 points), the dtype of ``prm``."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from .tiles import (
     _sq_from_dot,
     _sq_tile,
     _tile_cols,
+    _up,
     _xy_dot_tile,
 )
 
@@ -53,7 +58,7 @@ def _softmin_fwd_kernel(
     P: tl.constexpr,  # cost exponent, 1 or 2
     DOT: tl.constexpr,  # True: large-d path (tl.dot cross term); False: small-d path
     FOLD: tl.constexpr,  # DOT and P == 2: |x_i|^2 and |y_j|^2 folded out of the per-pair work
-    PREC: tl.constexpr,  # DOT: tl.dot input_precision ("ieee" or "tf32x3")
+    PREC: tl.constexpr,  # DOT: tl.dot input_precision ("ieee", "tf32x3" or "tf32")
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -66,8 +71,8 @@ def _softmin_fwd_kernel(
     h_ptr += b * stride_hb
     cscale = _cost_scale(prm_ptr, P)
     eps_ln2 = tl.load(prm_ptr + 1)
-    m_i = tl.full((BLOCK_N,), float("-inf"), dtype=x_ptr.dtype.element_ty)  # running max (base 2)
-    s_i = tl.zeros((BLOCK_N,), dtype=x_ptr.dtype.element_ty)  # running sum of 2^(l - m_i)
+    m_i = tl.full((BLOCK_N,), float("-inf"), dtype=prm_ptr.dtype.element_ty)  # running max (base 2)
+    s_i = tl.zeros((BLOCK_N,), dtype=prm_ptr.dtype.element_ty)  # running sum of 2^(l - m_i)
     for j0 in range(0, M, BLOCK_M):
         cols, cmask = _tile_cols(j0, M, BLOCK_M)
         if FOLD:  # one FMA per pair after the dot: l_ij = (h_j - c |y_j|^2) + 2 c x_i.y_j, row term later
@@ -118,8 +123,8 @@ def _softmin_small_kernel(
     h_ptr += b * stride_hb
     cscale = _cost_scale(prm_ptr, P)
     eps_ln2 = tl.load(prm_ptr + 1)
-    m_i = tl.full((BLOCK_N,), float("-inf"), dtype=xt_ptr.dtype.element_ty)
-    s_i = tl.zeros((BLOCK_N,), dtype=xt_ptr.dtype.element_ty)
+    m_i = tl.full((BLOCK_N,), float("-inf"), dtype=prm_ptr.dtype.element_ty)
+    s_i = tl.zeros((BLOCK_N,), dtype=prm_ptr.dtype.element_ty)
     for j0 in range(0, M, BLOCK_M):
         cols, cmask = _tile_cols(j0, M, BLOCK_M)
         sq = _sq_dist_tile_soa(xt_ptr, yt_ptr, rows, rmask, cols, cmask, stride_xk, stride_yk, D, TRANS, BLOCK_N,
@@ -172,17 +177,17 @@ def _weighted_mean_fwd_kernel(
     dims = tl.arange(0, BLOCK_D)
     dmask = dims < D
     cscale = _cost_scale(prm_ptr, P)
-    x_t = _load_points(x_ptr, rows, rmask, dims, dmask, stride_x)  # (BLOCK_N, BLOCK_D)
-    m_i = tl.full((BLOCK_N,), float("-inf"), dtype=x_ptr.dtype.element_ty)
-    s_i = tl.zeros((BLOCK_N,), dtype=x_ptr.dtype.element_ty)
-    acc = tl.zeros((BLOCK_N, BLOCK_D), dtype=x_ptr.dtype.element_ty)  # running sum of w_ij phi_ij
+    x_t = _up(_load_points(x_ptr, rows, rmask, dims, dmask, stride_x))  # (BLOCK_N, BLOCK_D)
+    m_i = tl.full((BLOCK_N,), float("-inf"), dtype=prm_ptr.dtype.element_ty)
+    s_i = tl.zeros((BLOCK_N,), dtype=prm_ptr.dtype.element_ty)
+    acc = tl.zeros((BLOCK_N, BLOCK_D), dtype=prm_ptr.dtype.element_ty)  # running sum of w_ij phi_ij
     for j0 in range(0, M, BLOCK_M):
         cols, cmask = _tile_cols(j0, M, BLOCK_M)
         sq = _sq_dist_tile(x_ptr, y_ptr, rows, rmask, cols, cmask, stride_x, stride_y, D, BLOCK_N, BLOCK_M)
         logit = _logits_tile(sq, h_ptr, cols, cmask, cscale, P)
         m_i, alpha, w = _lse_step(m_i, logit, 1)  # w: (BLOCK_N, BLOCK_M)
         s_i = s_i * alpha + tl.sum(w, 1)
-        y_t = _load_points(y_ptr, cols, cmask, dims, dmask, stride_y)  # (BLOCK_M, BLOCK_D)
+        y_t = _up(_load_points(y_ptr, cols, cmask, dims, dmask, stride_y))  # (BLOCK_M, BLOCK_D)
         if UNIT:
             w = tl.where(sq > 0, w / tl.sqrt(tl.where(sq > 0, sq, 1.0)), 0.0)
             contrib = tl.sum(w[:, :, None] * (x_t[:, None, :] - y_t[None, :, :]), 1)
@@ -215,14 +220,15 @@ def _weighted_mean_dot_kernel(
     D: tl.constexpr,
     P: tl.constexpr,
     UNIT: tl.constexpr,  # True: phi = (x - y) / |x - y| (0 at x = y); False: phi = y
-    PREC: tl.constexpr,  # tl.dot input_precision of both dots ("ieee" or "tf32x3")
+    PREC: tl.constexpr,  # tl.dot input_precision ("ieee", "tf32x3" or "tf32"); half points: "tf32" (exact) for x.y
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,  # power of two >= max(D, 16)
 ):
     """float32 weighted mean for 16 <= BLOCK_D <= 128, one pass (the FlashAttention pattern): each column
     tile of y is loaded once, forms the cross term x.y^T with tl.dot and adds tl.dot(w, y) into a
-    rescaled (BLOCK_N, BLOCK_D) register accumulator; both dots at fp32 accuracy (``PREC``)."""
+    rescaled (BLOCK_N, BLOCK_D) register accumulator; both dots at ``PREC`` (for float16 / bfloat16 points
+    the cross term in "tf32", exact for them: see :func:`.tiles._xy_dot_tile`)."""
     b, rows, rmask = _program_rows(N, BLOCK_N)
     x_ptr += b * stride_xb
     y_ptr += b * stride_yb
@@ -232,17 +238,18 @@ def _weighted_mean_dot_kernel(
     dims = tl.arange(0, BLOCK_D)
     dmask = dims < D
     cscale = _cost_scale(prm_ptr, P)
-    x_t = _load_points(x_ptr, rows, rmask, dims, dmask, stride_x)  # (BLOCK_N, BLOCK_D), loaded once
+    x_h = _load_points(x_ptr, rows, rmask, dims, dmask, stride_x)  # (BLOCK_N, BLOCK_D), loaded once
+    x_t = _up(x_h)
     xx = tl.load(xx_ptr + rows, mask=rmask, other=0.0)
-    m_i = tl.full((BLOCK_N,), float("-inf"), dtype=x_ptr.dtype.element_ty)
-    s_i = tl.zeros((BLOCK_N,), dtype=x_ptr.dtype.element_ty)  # sum of w
-    u_i = tl.zeros((BLOCK_N,), dtype=x_ptr.dtype.element_ty)  # UNIT: sum of w / |x - y|
-    acc = tl.zeros((BLOCK_N, BLOCK_D), dtype=x_ptr.dtype.element_ty)
+    m_i = tl.full((BLOCK_N,), float("-inf"), dtype=prm_ptr.dtype.element_ty)
+    s_i = tl.zeros((BLOCK_N,), dtype=prm_ptr.dtype.element_ty)  # sum of w
+    u_i = tl.zeros((BLOCK_N,), dtype=prm_ptr.dtype.element_ty)  # UNIT: sum of w / |x - y|
+    acc = tl.zeros((BLOCK_N, BLOCK_D), dtype=prm_ptr.dtype.element_ty)
     for j0 in range(0, M, BLOCK_M):
         cols, cmask = _tile_cols(j0, M, BLOCK_M)
-        y_t = _load_points(y_ptr, cols, cmask, dims, dmask, stride_y)  # (BLOCK_M, BLOCK_D)
+        y_t = _up(_load_points(y_ptr, cols, cmask, dims, dmask, stride_y))  # (BLOCK_M, BLOCK_D)
         yy = tl.load(yy_ptr + cols, mask=cmask, other=0.0)
-        xy = tl.dot(x_t, tl.trans(y_t), input_precision=PREC)
+        xy = tl.dot(x_t, tl.trans(y_t), input_precision=PREC if x_h.dtype == tl.float32 else "tf32")
         sq = _sq_from_dot(xy, xx, yy, coinc)
         logit = _logits_tile(sq, h_ptr, cols, cmask, cscale, P)
         m_i, alpha, w = _lse_step(m_i, logit, 1)
@@ -284,7 +291,7 @@ def _weighted_sum_dot_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT: tl.constexpr,  # True (float32): tl.dot; False (float64): broadcast products summed over the tile
-    PREC: tl.constexpr,  # DOT: tl.dot input_precision ("ieee" or "tf32x3")
+    PREC: tl.constexpr,  # DOT: tl.dot input_precision ("ieee", "tf32x3" or "tf32")
 ):
     """Large-d weighted sum, second pass: with w_ij = 2^(l_ij - lse_i) already normalised, each column
     tile adds w' @ y_tile into the program's own rows of ``acc`` chunk by chunk of BLOCK_K coordinates
@@ -298,7 +305,7 @@ def _weighted_sum_dot_kernel(
     acc_ptr += b * N * D
     cscale = _cost_scale(prm_ptr, P)
     lse = tl.load(lse_ptr + b * N + rows, mask=rmask, other=0.0)
-    wsum = tl.zeros((BLOCK_N,), dtype=x_ptr.dtype.element_ty)
+    wsum = tl.zeros((BLOCK_N,), dtype=prm_ptr.dtype.element_ty)
     ks = tl.arange(0, BLOCK_K)
     for j0 in range(0, M, BLOCK_M):
         cols, cmask = _tile_cols(j0, M, BLOCK_M)
@@ -319,9 +326,9 @@ def _weighted_sum_dot_kernel(
             amask = rmask[:, None] & kmask[None, :]
             acc = tl.load(a_ptrs, mask=amask, other=0.0)
             if DOT:
-                acc = tl.dot(w.to(y_t.dtype), y_t, acc, input_precision=PREC)
+                acc = tl.dot(w, _up(y_t), acc, input_precision=PREC)
             else:
-                acc += tl.sum(w[:, :, None] * y_t[None, :, :], 1)
+                acc += tl.sum(w[:, :, None] * _up(y_t)[None, :, :], 1)
             tl.store(a_ptrs, acc, mask=amask)
     tl.store(wsum_ptr + b * N + rows, wsum, mask=rmask)
 
@@ -358,7 +365,7 @@ def _plan_argmax_fwd_kernel(
     yy_ptr += b * M
     h_ptr += b * stride_hb
     cscale = _cost_scale(prm_ptr, P)
-    best = tl.full((BLOCK_N,), float("-inf"), dtype=x_ptr.dtype.element_ty)
+    best = tl.full((BLOCK_N,), float("-inf"), dtype=prm_ptr.dtype.element_ty)
     arg = tl.zeros((BLOCK_N,), dtype=tl.int64)
     for j0 in range(0, M, BLOCK_M):
         cols, cmask = _tile_cols(j0, M, BLOCK_M)
@@ -399,7 +406,7 @@ def _max_sq_fwd_kernel(
     y_ptr += b * stride_yb
     xx_ptr += b * N
     yy_ptr += b * M
-    best = tl.zeros((BLOCK_N,), dtype=x_ptr.dtype.element_ty)
+    best = tl.zeros((BLOCK_N,), dtype=out_ptr.dtype.element_ty)
     for j0 in range(0, M, BLOCK_M):
         cols, cmask = _tile_cols(j0, M, BLOCK_M)
         sq = _sq_tile(x_ptr, y_ptr, xx_ptr, yy_ptr, rows, rmask, cols, cmask, stride_x, stride_y, coinc,

@@ -1,7 +1,9 @@
 """Launchers and primitives of the Triton backend. The ``*_fwd`` launchers check the arguments, pick the path
-(small-d or large-d), the block sizes (fixed defaults, or autotuned: :mod:`.autotune`) and the grid, allocate
-the outputs and launch the kernels of :mod:`.kernels` (keyword arguments); the four primitives ``softmin``,
-``weighted_mean``, ``plan_argmax`` and ``max_cost`` call them after upcasting float16 / bfloat16 to float32.
+(small-d or large-d), the dot precision, the block sizes (fixed defaults, or autotuned: :mod:`.autotune`) and
+the grid, allocate the outputs and launch the kernels of :mod:`.kernels` (keyword arguments); the four
+primitives ``softmin``, ``weighted_mean``, ``plan_argmax`` and ``max_cost`` call them with the defaults.
+float16 / bfloat16 points are passed to the kernels as they are (no float32 copy; the kernels upcast each
+tile in registers); ``h`` and the outputs are float32 for them.
 :mod:`srot_fast.kernels.triton_softmin` re-exports the public names."""
 
 from __future__ import annotations
@@ -43,15 +45,26 @@ _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
 
 
+_HALF = (torch.float16, torch.bfloat16)  # loaded as such, computed in float32
+_DTYPES = _HALF + (torch.float32, torch.float64)
+
+
+def _cdt(dtype: torch.dtype) -> torch.dtype:
+    """The compute dtype of points of ``dtype``: float32 for float16 / bfloat16, else ``dtype``."""
+    return torch.float32 if dtype in _HALF else dtype
+
+
 def _check(x, y, h=None, p=1):
-    """Argument checks of every launcher; returns whether the operands are batched (see _common.check_operands)."""
+    """Argument checks of every launcher; returns whether the operands are batched (see _common.check_operands).
+    x and y: float16, bfloat16, float32 or float64, one dtype; h: x's dtype or its compute dtype (float32 for
+    half points)."""
     batched = check_operands(x, y, h, p, allow_empty=True, allow_batch=True) is not None  # empty: refused below
-    if x.dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"triton kernels take float32 or float64, got {x.dtype} (the primitives softmin, "
-                        "weighted_mean, plan_argmax and max_cost also take float16 / bfloat16)")
-    for name, t in (("y", y), ("h", h)):
-        if t is not None and (t.dtype != x.dtype or t.device != x.device):
-            raise ValueError(f"{name} must have x's dtype and device ({x.dtype}, {x.device})")
+    if x.dtype not in _DTYPES:
+        raise TypeError(f"triton kernels take float16, bfloat16, float32 or float64 points, got {x.dtype}")
+    if y.dtype != x.dtype or y.device != x.device:
+        raise ValueError(f"y must have x's dtype and device ({x.dtype}, {x.device})")
+    if h is not None and (h.dtype not in (x.dtype, _cdt(x.dtype)) or h.device != x.device):
+        raise ValueError(f"h must have x's dtype ({x.dtype}) or {_cdt(x.dtype)}, and x's device ({x.device})")
     if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
         raise ValueError("triton kernels need CUDA tensors (or TRITON_INTERPRET=1 set before importing triton)")
     if x.shape[-2] == 0 or y.shape[-2] == 0:
@@ -71,22 +84,24 @@ def _rows(t):
 
 
 def _prm(x, eps):
-    """[log2(e) / eps, eps ln 2] in x's dtype and device (a Python float would be specialised to float32).
+    """[log2(e) / eps, eps ln 2] in x's compute dtype, on x's device (a Python float would be specialised to
+    float32); its dtype is the kernels' compute dtype.
     Filled on the device: ``torch.tensor(..., device='cuda')`` copies from pageable memory, which waits for
     the queued kernels (a host-device sync per launch)."""
-    prm = torch.empty(2, dtype=x.dtype, device=x.device)
+    prm = torch.empty(2, dtype=_cdt(x.dtype), device=x.device)
     prm[0].fill_(_LOG2E / eps)
     prm[1].fill_(eps * _LN2)
     return prm
 
 
-def _h2(h):
-    """(B, M) column log-weights in base 2 (-inf stays -inf), columns contiguous."""
-    return _rows(h.detach() * _LOG2E)
+def _h2(h, dtype):
+    """(B, M) column log-weights in base 2 (-inf stays -inf) in the compute ``dtype``, columns contiguous."""
+    return _rows(h.detach().to(dtype) * _LOG2E)
 
 
 def _use_dot(path: str, d: int, dtype: torch.dtype) -> bool:
-    """tl.dot distances for float32 at D >= 32 ('auto') or when asked; never for float64: float64 tl.dot
+    """tl.dot distances for float32 and half points at D >= 32 ('auto') or when asked; never for float64:
+    float64 tl.dot
     failed to compile with Triton 3.6 on sm_90, so float64 always takes the exact difference form."""
     if path not in ("auto", "small", "dot"):
         raise ValueError(f"path must be 'auto', 'small' or 'dot', got {path!r}")
@@ -97,18 +112,37 @@ def _use_dot(path: str, d: int, dtype: torch.dtype) -> bool:
     return path == "dot" or (path == "auto" and d >= _DOT_MIN_D)
 
 
-_PRECISIONS = ("ieee", "tf32x3")
+_PRECISIONS = ("ieee", "tf32x3", "tf32")
+# The float32 default when neither ``precision=`` nor SROT_TRITON_DOT_PRECISION is given. "tf32x3" has the
+# accuracy of "ieee" and is faster on GPUs with TF32 tensor cores; it becomes the default by setting it here.
+_DEFAULT_PRECISION = "ieee"
 
 
-def _precision(precision) -> str:
-    """tl.dot input precision of the large-d path: ``precision`` if given, else the environment variable
-    ``SROT_TRITON_DOT_PRECISION``, else "ieee" (checked at every launch, small-d ones included, so that a
-    wrong value shows at once). "ieee": fp32 FMA; "tf32x3": each fp32 operand split into a
-    TF32 high part and a TF32 low part, three tensor-core products (hi.hi + hi.lo + lo.hi) with fp32
-    accumulation, fp32-accurate (plain TF32 is never used)."""
+def _has_tf32(device: torch.device) -> bool:
+    """TF32 tensor cores (compute capability 8.0 and later); False off CUDA."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def _precision(precision, device=None) -> str:
+    """tl.dot input precision of the large-d path for float32 points: ``precision`` if given, else the
+    environment variable ``SROT_TRITON_DOT_PRECISION``, else ``_DEFAULT_PRECISION`` (replaced by "ieee"
+    where that is "tf32x3" and ``device`` is a GPU without TF32 tensor cores). Checked at every launch,
+    small-d ones included, so that a wrong value shows at once.
+
+    - "ieee": fp32 FMA on the CUDA cores.
+    - "tf32x3": each fp32 operand split into a TF32 high part and a TF32 low part, three tensor-core
+      products (hi.hi + hi.lo + lo.hi) with fp32 accumulation: fp32-accurate.
+    - "tf32" (opt-in, never a default): one tensor-core product of the operands rounded to TF32 (10 stored
+      significand bits), FlashSinkhorn's default: see the package docstring for its error.
+
+    float16 / bfloat16 points take "tf32" for the cross term x.y whatever this says (exact for them)."""
     name = "precision"
     if precision is None:
-        precision, name = os.environ.get("SROT_TRITON_DOT_PRECISION", "ieee"), "SROT_TRITON_DOT_PRECISION"
+        precision, name = os.environ.get("SROT_TRITON_DOT_PRECISION"), "SROT_TRITON_DOT_PRECISION"
+        if precision is None:
+            precision = _DEFAULT_PRECISION
+            if precision == "tf32x3" and device is not None and device.type == "cuda" and not _has_tf32(device):
+                precision = "ieee"
     if precision not in _PRECISIONS:
         raise ValueError(f"{name} must be one of {_PRECISIONS}, got {precision!r}")
     return precision
@@ -118,17 +152,25 @@ def _operands(x, y, dot: bool):
     """Detached (x, y, xx, yy, coinc, centre) of a batched (B, N, D), (B, M, D) launch. Large-d path: each
     problem's two clouds are centred on their common mean (distances are unchanged, the cancellation in
     |x|^2 + |y|^2 - 2 x.y shrinks) and the squared norms computed once ((B, N) and (B, M), contiguous);
-    ``coinc`` = 2 sqrt(D) * machine epsilon, above the relative rounding noise of that cancellation (~2 u
-    at D = 300..12288 on CPU; sqrt(D / BLOCK_K) u for sequential chunks), so exactly coincident points get
-    distance 0 (the p = 1 kink). Small-d path: the points as given when their coordinates are contiguous
-    (no copy), ``xx``/``yy`` unused placeholders (x itself)."""
+    ``coinc`` = 2 sqrt(D) * machine epsilon of float32, above the relative rounding noise of that
+    cancellation (~2 u at D = 300..12288 on CPU; sqrt(D / BLOCK_K) u for sequential chunks), so exactly
+    coincident points get distance 0 (the p = 1 kink). float16 / bfloat16 points are not centred (a centred
+    copy would be float32, or rounded again) and their norms are float32 sums (no float32 copy of the
+    points): the cancellation error, ~u32 |x|^2, stays below the points' own rounding, ~u_half |x| |x - y|,
+    unless |x| exceeds |x - y| by about 2^15 (bfloat16) or 2^12 (float16). Small-d path: the points as given
+    when their coordinates are contiguous (no copy), ``xx``/``yy`` unused placeholders (x itself)."""
     x, y = _rows(x), _rows(y)
     if not dot:
         return x, y, x, x, 0.0, None
+    coinc = 2.0 * math.sqrt(x.shape[-1]) * torch.finfo(torch.float32).eps
+    if x.dtype in _HALF:
+        def sq_norms(t):
+            return torch.linalg.vector_norm(t, dim=-1, dtype=torch.float32).square()
+
+        return x, y, sq_norms(x), sq_norms(y), coinc, None
     n, m = x.shape[-2], y.shape[-2]
     centre = (x.sum(-2, keepdim=True) + y.sum(-2, keepdim=True)) / (n + m)  # (B, 1, D)
     xc, yc = (x - centre).contiguous(), (y - centre).contiguous()
-    coinc = 2.0 * math.sqrt(x.shape[-1]) * torch.finfo(x.dtype).eps
     return xc, yc, (xc * xc).sum(-1), (yc * yc).sum(-1), coinc, centre
 
 
@@ -138,26 +180,28 @@ def _grid(n, nb):
 
 
 def softmin_fwd(x, y, h, eps, p, *, path="auto", block_n=None, block_m=None, block_k=None, num_warps=None,
-                trans=None, precision=None):
+                trans=None, precision=None, autotune=None):
     """Launcher of :func:`softmin`: x (N, D) or (B, N, D) -> (N,) or (B, N), one launch for the batch.
     ``path``: 'small' (coordinate loop), 'dot' (tl.dot, fp32-exact) or 'auto' ('dot' for D >= 32);
     ``precision``: the dot path's tl.dot precision (:func:`_precision`). Block sizes are powers of two
     (>= 16 on the dot path); ``trans`` picks the small-d tile orientation. On a GPU from ``_TUNE_MIN_PAIRS``
-    pairs (B * N * M) with no block size given, the blocks are autotuned (``_CFG_DOT`` / ``_CFG_SMALL``);
-    otherwise defaults 32 x 64 (small), 64 x 64 x 32 (dot), 4 warps."""
+    pairs (B * N * M) with no block size given, the blocks are autotuned (``_CFG_DOT`` / ``_CFG_SMALL``)
+    unless ``autotune`` is False (None: ``SROT_TRITON_AUTOTUNE``, on unless '0'); otherwise defaults 32 x 64
+    (small), 64 x 64 x 32 (dot), 4 warps. Output in the compute dtype (float32 for half points)."""
     batched = _check(x, y, h, p)
     if not batched:
         return softmin_fwd(*_lead(x, y, h), eps, p, path=path, block_n=block_n, block_m=block_m,
-                           block_k=block_k, num_warps=num_warps, trans=trans, precision=precision)[0]
+                           block_k=block_k, num_warps=num_warps, trans=trans, precision=precision,
+                           autotune=autotune)[0]
     nb, n, d = x.shape
     m = y.shape[1]
     dot = _use_dot(path, d, x.dtype)
-    prec = _precision(precision)
-    out = torch.empty(nb, n, dtype=x.dtype, device=x.device)
+    prec = _precision(precision, x.device)
+    out = torch.empty(nb, n, dtype=_cdt(x.dtype), device=x.device)
     if nb == 0:
         return out
-    h2 = _h2(h)
-    tune = _tune(x, nb * n * m, (block_n, block_m, block_k, num_warps, trans))
+    h2 = _h2(h, out.dtype)
+    tune = _tune(x, nb * n * m, (block_n, block_m, block_k, num_warps, trans), autotune)
     if not dot:  # coordinate-major views (B, D, N) with contiguous rows: contiguous loads along rows and columns
         xt, yt = _rows(x.detach().transpose(-1, -2)), _rows(y.detach().transpose(-1, -2))
         args = (xt, yt, h2, _prm(x, eps), out, n, m, xt.stride(0), xt.stride(1), yt.stride(0), yt.stride(1),
@@ -184,39 +228,41 @@ def softmin_fwd(x, y, h, eps, p, *, path="auto", block_n=None, block_m=None, blo
 
 
 def weighted_mean_fwd(x, y, h, eps, p, phi="y", *, path="auto", block_n=None, block_m=None, block_k=None,
-                      num_warps=None, precision=None):
+                      num_warps=None, precision=None, autotune=None):
     """Launcher of :func:`weighted_mean`: x (N, D) or (B, N, D) -> (N, D) or (B, N, D). Paths: 'small'
     (D <= 64): one streaming pass, products summed by broadcasting; 'dot' (float32 only; 'auto' takes it
     for 32 <= D): for D <= 128 one streaming pass with both x.y^T and w @ y by tl.dot, for D > 128 a softmin
     pass for the row normalisers then a pass adding tl.dot(w, y) into the (B, N, D) output. float64 above
     D = 64: the two passes with exact differences and register sums. One launch per pass for the whole batch.
-    ``precision`` as :func:`softmin_fwd`. Autotuned on a GPU as :func:`softmin_fwd` (one-pass kernels);
-    defaults 16 x 32 (small), 64 x 64 (dot, one pass), 64 x 64 x 32 (two passes)."""
+    ``precision`` as :func:`softmin_fwd`. Autotuned on a GPU as :func:`softmin_fwd` (one-pass kernels;
+    ``autotune`` as there); defaults 16 x 32 (small), 64 x 64 (dot, one pass), 64 x 64 x 32 (two passes).
+    Output in the compute dtype (float32 for half points)."""
     batched = _check(x, y, h, p)
     if phi not in ("y", "grad"):
         raise ValueError(f"phi must be 'y' or 'grad', got {phi!r}")
     if not batched:
         return weighted_mean_fwd(*_lead(x, y, h), eps, p, phi, path=path, block_n=block_n, block_m=block_m,
-                                 block_k=block_k, num_warps=num_warps, precision=precision)[0]
+                                 block_k=block_k, num_warps=num_warps, precision=precision, autotune=autotune)[0]
     nb, n, d = x.shape
     m = y.shape[1]
     dot = _use_dot(path, d, x.dtype)  # also the argument check: path='dot' is float32 only
-    prec = _precision(precision)
+    prec = _precision(precision, x.device)
+    cdt = _cdt(x.dtype)
     if path == "small" and d > _MAX_D_WMEAN:
         raise ValueError(f"the small-d weighted_mean path takes D <= {_MAX_D_WMEAN} (got {d}); use path='dot'")
     if nb == 0:
-        return torch.empty(0, n, d, dtype=x.dtype, device=x.device)
+        return torch.empty(0, n, d, dtype=cdt, device=x.device)
     unit = phi == "grad" and p == 1
     fixed = (block_n, block_m, block_k, num_warps)
     x0 = x
-    h2 = _h2(h)
+    h2 = _h2(h, cdt)
     if dot and d <= _MAX_D_WMEAN_DOT:  # float32, one pass, tl.dot
         x, y, xx, yy, coinc, centre = _operands(x, y, True)
-        out = torch.empty(nb, n, d, dtype=x.dtype, device=x.device)
+        out = torch.empty(nb, n, d, dtype=cdt, device=x.device)
         args = (x, y, xx, yy, h2, _prm(x, eps), out, n, m, x.stride(0), x.stride(1), y.stride(0), y.stride(1),
                 h2.stride(0), coinc, _size_key(nb, n, m))
         const = dict(D=d, P=p, UNIT=unit, PREC=prec, BLOCK_D=max(16, triton.next_power_of_2(d)))
-        if _tune(x, nb * n * m, fixed):
+        if _tune(x, nb * n * m, fixed, autotune):
             _TUNED["wmean_dot"][_grid(n, nb)](*args, **const)
         else:
             block_n = block_n or 64
@@ -230,8 +276,8 @@ def weighted_mean_fwd(x, y, h, eps, p, phi="y", *, path="auto", block_n=None, bl
         lse2 = softmin_fwd(x, y, h, eps, p, path="dot" if dot else "small", block_n=block_n, block_m=block_m,
                            block_k=block_k, num_warps=num_warps, precision=prec) / -(eps * _LN2)
         x, y, xx, yy, coinc, centre = _operands(x, y, dot)
-        acc = torch.zeros(nb, n, d, dtype=x.dtype, device=x.device)
-        wsum = torch.empty(nb, n, dtype=x.dtype, device=x.device)
+        acc = torch.zeros(nb, n, d, dtype=cdt, device=x.device)
+        wsum = torch.empty(nb, n, dtype=cdt, device=x.device)
         _weighted_sum_dot_kernel[(triton.cdiv(n, block_n) * nb,)](
             x, y, xx, yy, h2, lse2.contiguous(), _prm(x, eps), acc, wsum, n, m, x.stride(0), x.stride(1),
             y.stride(0), y.stride(1), h2.stride(0), coinc, D=d, P=p, UNIT=unit, BLOCK_N=block_n, BLOCK_M=block_m,
@@ -245,11 +291,11 @@ def weighted_mean_fwd(x, y, h, eps, p, phi="y", *, path="auto", block_n=None, bl
             out = acc
     else:  # small path, one pass
         x, y = _rows(x), _rows(y)
-        out = torch.empty(nb, n, d, dtype=x.dtype, device=x.device)
+        out = torch.empty(nb, n, d, dtype=cdt, device=x.device)
         args = (x, y, h2, _prm(x, eps), out, n, m, x.stride(0), x.stride(1), y.stride(0), y.stride(1),
                 h2.stride(0), _size_key(nb, n, m))
         const = dict(D=d, P=p, UNIT=unit, BLOCK_D=max(2, triton.next_power_of_2(d)))
-        if _tune(x, nb * n * m, fixed):
+        if _tune(x, nb * n * m, fixed, autotune):
             _TUNED["wmean_small"][_grid(n, nb)](*args, **const)
         else:
             block_n = block_n or 16
@@ -271,12 +317,12 @@ def plan_argmax_fwd(x, y, h, eps, p, *, path="auto", block_n=None, block_m=None,
     nb, n, d = x.shape
     m = y.shape[1]
     dot = _use_dot(path, d, x.dtype)
-    prec = _precision(precision)
+    prec = _precision(precision, x.device)
     out = torch.empty(nb, n, dtype=torch.int64, device=x.device)
     if nb == 0:
         return out
     block_n = block_n or (64 if dot else 32)
-    h2 = _h2(h)
+    h2 = _h2(h, _cdt(x.dtype))
     x, y, xx, yy, coinc, _ = _operands(x, y, dot)
     _plan_argmax_fwd_kernel[(triton.cdiv(n, block_n) * nb,)](
         x, y, xx, yy, h2, _prm(x, eps), out, n, m, x.stride(0), x.stride(1), y.stride(0), y.stride(1),
@@ -288,7 +334,7 @@ def plan_argmax_fwd(x, y, h, eps, p, *, path="auto", block_n=None, block_m=None,
 
 def max_sq_fwd(x, y, *, path="auto", block_n=None, block_m=None, block_k=None, num_warps=None, precision=None):
     """(N,) or (B, N) max_j |x_i - y_j|^2 (launcher behind :func:`max_cost`; paths as :func:`softmin_fwd`;
-    not tuned)."""
+    not tuned), in the compute dtype."""
     batched = _check(x, y)
     if not batched:
         return max_sq_fwd(*_lead(x, y), path=path, block_n=block_n, block_m=block_m, block_k=block_k,
@@ -296,8 +342,8 @@ def max_sq_fwd(x, y, *, path="auto", block_n=None, block_m=None, block_k=None, n
     nb, n, d = x.shape
     m = y.shape[1]
     dot = _use_dot(path, d, x.dtype)
-    prec = _precision(precision)
-    out = torch.empty(nb, n, dtype=x.dtype, device=x.device)
+    prec = _precision(precision, x.device)
+    out = torch.empty(nb, n, dtype=_cdt(x.dtype), device=x.device)
     if nb == 0:
         return out
     block_n = block_n or (64 if dot else 32)
@@ -311,13 +357,6 @@ def max_sq_fwd(x, y, *, path="auto", block_n=None, block_m=None, block_k=None, n
 
 
 # ---------------------------------------------------------------------------------------- primitives
-_LOW = (torch.float16, torch.bfloat16)  # upcast to float32 by the primitives (not by the *_fwd launchers)
-
-
-def _upcast(*ts):
-    return tuple(t.float() if t is not None and t.dtype in _LOW else t for t in ts)
-
-
 def softmin(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int) -> torch.Tensor:
     r"""(N,) or (B, N) soft-min ``out_i = -eps * log sum_j exp(h_j - C(x_i, y_j) / eps)``; ``+inf`` if all
     ``h = -inf``.
@@ -328,7 +367,7 @@ def softmin(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: in
         >>> softmin(x, y, h, 0.01, 2).shape  # doctest: +SKIP
         torch.Size([1000])
     """
-    return softmin_fwd(*_upcast(x, y, h), eps, p)
+    return softmin_fwd(x, y, h, eps, p)
 
 
 def weighted_mean(
@@ -340,18 +379,18 @@ def weighted_mean(
     ``phi="y"``: y_j. ``phi="grad"``: (x_i - y_j) / |x_i - y_j| for p = 1 (0 where x_i = y_j),
     x_i - y_j for p = 2 (computed as x_i - mean of y_j).
     """
-    return weighted_mean_fwd(*_upcast(x, y, h), eps, p, phi)
+    return weighted_mean_fwd(x, y, h, eps, p, phi)
 
 
 def plan_argmax(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int) -> torch.Tensor:
     """(N,) or (B, N) int64 index of the largest plan entry per row, argmax_j (h_j - C_ij / eps), first on
     ties."""
-    return plan_argmax_fwd(*_upcast(x, y, h), eps, p)
+    return plan_argmax_fwd(x, y, h, eps, p)
 
 
 def max_cost(x: torch.Tensor, y: torch.Tensor, p: int) -> torch.Tensor:
     """() largest ground cost max_ij C(x_i, y_j) (0-dim tensor of x's dtype), or (B,) one per problem."""
     if p not in (1, 2):
         raise ValueError(f"p must be 1 or 2, got {p}")
-    s = max_sq_fwd(*_upcast(x, y)).amax(dim=-1)
+    s = max_sq_fwd(x, y).amax(dim=-1)
     return s.sqrt() if p == 1 else s / 2

@@ -1,12 +1,28 @@
 """``@triton.jit`` tile helpers of the Triton kernels (inlined into the kernels of :mod:`.kernels` when they
 compile): a program's problem and rows, a tile's columns, the squared distances of a tile (small-d path:
 difference form over row-major or coordinate-major points; large-d path: ``tl.dot`` cross term), logits and
-one online log-sum-exp step."""
+one online log-sum-exp step.
+
+Points may be float16 / bfloat16 (loaded as such: half the memory traffic), float32 or float64; every tile is
+computed in the compute dtype of the points (:func:`_up`: float32 for half and float32 points, float64 for
+float64)."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _up(v):
+    """``v`` in its compute dtype: float16 / bfloat16 / float32 -> float32, float64 unchanged (exact)."""
+    return v.to(tl.float64 if v.dtype == tl.float64 else tl.float32)
+
+
+@triton.jit
+def _cdt_zeros(ptr, shape: tl.constexpr):
+    """Zeros of ``shape`` in the compute dtype of the points behind ``ptr`` (float64 or float32)."""
+    return tl.zeros(shape, dtype=tl.float64 if ptr.dtype.element_ty == tl.float64 else tl.float32)
 
 
 @triton.jit
@@ -30,9 +46,9 @@ def _tile_cols(j0, M, BLOCK_M: tl.constexpr):
 def _coord_sq(xk_ptr, yk_ptr, xoff, rmask, yoff, cmask, TRANS: tl.constexpr):
     """One coordinate's squared differences over a tile: (x_i - y_j)^2 with x_i at ``xk_ptr + xoff`` and
     y_j at ``yk_ptr + yoff`` (pointer and offset: one of them per point, the other shared);
-    (BLOCK_N, BLOCK_M), or (BLOCK_M, BLOCK_N) if ``TRANS``."""
-    xk = tl.load(xk_ptr + xoff, mask=rmask, other=0.0)
-    yk = tl.load(yk_ptr + yoff, mask=cmask, other=0.0)
+    (BLOCK_N, BLOCK_M), or (BLOCK_M, BLOCK_N) if ``TRANS``, in the compute dtype."""
+    xk = _up(tl.load(xk_ptr + xoff, mask=rmask, other=0.0))
+    yk = _up(tl.load(yk_ptr + yoff, mask=cmask, other=0.0))
     if TRANS:
         diff = yk[:, None] - xk[None, :]
     else:
@@ -55,7 +71,7 @@ def _sq_dist_tile(
     BLOCK_M: tl.constexpr,
 ):
     """(BLOCK_N, BLOCK_M) squared distances, one coordinate at a time (small-d path; unrolled for D <= 16)."""
-    sq = tl.zeros((BLOCK_N, BLOCK_M), dtype=x_ptr.dtype.element_ty)
+    sq = _cdt_zeros(x_ptr, (BLOCK_N, BLOCK_M))
     if D <= 16:
         for k in tl.static_range(D):
             sq += _coord_sq(x_ptr + rows * stride_x, y_ptr + cols * stride_y, k, rmask, k, cmask, False)
@@ -88,18 +104,20 @@ def _xy_dot_tile(
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,  # coordinates per tl.dot step (>= 16)
-    PREC: tl.constexpr,  # tl.dot input_precision: "ieee" (fp32 FMA) or "tf32x3" (fp32 split over 3 TF32 MMAs)
+    PREC: tl.constexpr,  # tl.dot input_precision of float32 points ("ieee", "tf32x3" or "tf32")
 ):
-    """(BLOCK_N, BLOCK_M) cross terms x_i.y_j by tl.dot over chunks of BLOCK_K coordinates at fp32 accuracy
-    (``PREC``: never plain TF32; large-d path)."""
-    xy = tl.zeros((BLOCK_N, BLOCK_M), dtype=x_ptr.dtype.element_ty)
+    """(BLOCK_N, BLOCK_M) float32 cross terms x_i.y_j by tl.dot over chunks of BLOCK_K coordinates (large-d
+    path). float32 points: at ``PREC``. float16 / bfloat16 points: upcast in registers and multiplied in
+    "tf32", which is exact for them (their 11- / 8-bit significands and their exponents fit TF32's), so
+    every product is exact and the sums are float32."""
+    xy = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     ks = tl.arange(0, BLOCK_K)
     for k0 in range(0, D, BLOCK_K):
         kk = k0 + ks
         kmask = kk < D
         x_t = tl.load(x_ptr + rows[:, None] * stride_x + kk[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
         y_t = tl.load(y_ptr + cols[:, None] * stride_y + kk[None, :], mask=cmask[:, None] & kmask[None, :], other=0.0)
-        xy = tl.dot(x_t, tl.trans(y_t), xy, input_precision=PREC)
+        xy = tl.dot(_up(x_t), tl.trans(_up(y_t)), xy, input_precision=PREC if x_t.dtype == tl.float32 else "tf32")
     return xy
 
 
@@ -157,7 +175,8 @@ def _cost_scale(prm_ptr, P: tl.constexpr):
 
 @triton.jit
 def _load_points(ptr, idx, imask, dims, dmask, stride):
-    """(len(idx), len(dims)) tile of points (rows ``stride`` apart, int64 ``idx``), 0 outside the masks."""
+    """(len(idx), len(dims)) tile of points (rows ``stride`` apart, int64 ``idx``), 0 outside the masks, in
+    the points' own dtype (callers upcast with :func:`_up`)."""
     return tl.load(ptr + idx[:, None] * stride + dims[None, :], mask=imask[:, None] & dmask[None, :], other=0.0)
 
 
@@ -191,9 +210,9 @@ def _sq_dist_tile_soa(
     """Squared distances of a tile from coordinate-major points (contiguous loads along rows / columns). The
     pointers advance one coordinate stride per coordinate (no k * stride product: no 32-bit overflow)."""
     if TRANS:
-        sq = tl.zeros((BLOCK_M, BLOCK_N), dtype=xt_ptr.dtype.element_ty)
+        sq = _cdt_zeros(xt_ptr, (BLOCK_M, BLOCK_N))
     else:
-        sq = tl.zeros((BLOCK_N, BLOCK_M), dtype=xt_ptr.dtype.element_ty)
+        sq = _cdt_zeros(xt_ptr, (BLOCK_N, BLOCK_M))
     xk_ptr = xt_ptr
     yk_ptr = yt_ptr
     if D <= 16:
