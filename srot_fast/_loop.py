@@ -43,6 +43,7 @@ class Solution:
     marginal_error: torch.Tensor  # (B,) relative L1 marginal error at the end
     passes: int                   # soft-min passes launched (each covers the whole batch)
     syncs: int                    # host synchronisations spent on the stopping test
+    converged: torch.Tensor       # (B,) bool: the problem met tol or value_tol
 
 
 def marginal_error(log_a: torch.Tensor, f, s, f_hat, eps: float) -> torch.Tensor:
@@ -53,6 +54,56 @@ def marginal_error(log_a: torch.Tensor, f, s, f_hat, eps: float) -> torch.Tensor
     d1 = la + (f - s).double() / eps
     d2 = la + (f_hat - s).double() / eps
     return (d1.exp() - d2.exp()).abs().nan_to_num(nan=0.0).sum(-1)
+
+
+def dual_value(log_a, log_b, f_hat, g, s, pen_a: Penalty, pen_b: Penalty, eps: float) -> torch.Tensor:
+    r"""(B,) float64 dual objective at (f_hat, g), f_hat = A_a(s) the exact row update for g (s = S_x(g)):
+    <a, phi_a(f_hat)> + <b, phi_b(g)> - eps (<pi, 1> - |a| |b|). Zero weights contribute nothing."""
+    a, b = log_a.double().exp(), log_b.double().exp()
+    fh, gd = f_hat.double(), g.double()
+    plan = (a * ((fh - s.double()) / eps).exp()).nan_to_num(nan=0.0).sum(-1)
+    side_a = (a * pen_a.phi(fh)).nan_to_num(nan=0.0).sum(-1)
+    side_b = (b * pen_b.phi(gd)).nan_to_num(nan=0.0).sum(-1)
+    return side_a + side_b - eps * (plan - a.sum(-1) * b.sum(-1))
+
+
+class _ValueTest:
+    """Stopping on the value: the dual objective D, read every WINDOW updates, rises by d_k per window; when
+    the rises shrink, the remaining rise is estimated by the geometric tail d_k r / (1 - r), with r the larger
+    of the last two ratios d_k / d_{k-1} (one sharp drop, the end of a fast transient, is not trusted alone).
+    A problem passes when that estimate is <= value_tol |D|. A window that the relaxation safeguard undid
+    never passes."""
+
+    def __init__(self, value_tol: Optional[float]):
+        self.tol = value_tol
+        self.prev: Optional[torch.Tensor] = None   # (B,) D at the last window boundary
+        self.rise: Optional[torch.Tensor] = None   # (B,) its rise over the window before
+        self.ratio: Optional[torch.Tensor] = None  # (B,) the ratio of the two rises before
+
+    def subset(self, idx: torch.Tensor) -> "_ValueTest":
+        out = _ValueTest(self.tol)
+        out.prev, out.rise, out.ratio = (None if t is None else t[idx] for t in (self.prev, self.rise, self.ratio))
+        return out
+
+    def passed(self, value: torch.Tensor, undone: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """(B,) bool: the estimated remaining rise of D is within value_tol |D| (never at the first 4 looks)."""
+        out = torch.zeros_like(value, dtype=torch.bool)
+        if self.tol is None:
+            return out
+        if self.prev is not None:
+            rise = value - self.prev
+            if self.rise is not None:
+                r = torch.where(self.rise > 0, rise / self.rise.clamp_min(1e-300), torch.full_like(rise, math.inf))
+                if self.ratio is not None:
+                    r_max = torch.maximum(r, self.ratio)
+                    tail = rise * r_max / (1 - r_max).clamp_min(1e-300)
+                    out = (rise >= 0) & (r_max < 1) & (tail <= self.tol * value.abs())
+                    if undone is not None:
+                        out = out & ~undone
+                self.ratio = r
+            self.rise = rise
+        self.prev = value
+        return out
 
 
 def epsilon_schedule(p: int, diam: float, blur: float, scaling: float) -> list[float]:
@@ -93,6 +144,7 @@ class _Relaxation:
         self.best = like.new_full((batch,), math.inf, dtype=torch.float64)
         self.start_err: Optional[torch.Tensor] = None
         self.saved = None
+        self.undone: Optional[torch.Tensor] = None  # (B,) bool: restored at the last window end
 
     def subset(self, idx: torch.Tensor) -> "_Relaxation":
         """The state of problems ``idx`` (a smaller batch goes on with what was learnt about omega)."""
@@ -100,7 +152,7 @@ class _Relaxation:
         out.enabled = self.enabled
         out.omega, out.cap, out.prev_rate, out.best = (t[idx] for t in (self.omega, self.cap, self.prev_rate,
                                                                           self.best))
-        out.start_err, out.saved = None, None
+        out.start_err, out.saved, out.undone = None, None, None
         return out
 
     def window_start(self, err: torch.Tensor, state: tuple) -> None:
@@ -130,6 +182,7 @@ class _Relaxation:
                                torch.where(decayed, self.cap + (OMEGA_MAX - self.cap) / 4, self.cap))
         self.omega = torch.minimum(torch.where(bad, backoff, grow), self.cap)
         self.prev_rate = torch.where(decayed, rate, torch.full_like(rate, 2.0))
+        self.undone = bad
         if self.saved is None:
             return state
         return tuple(torch.where(bad.reshape(-1, *([1] * (new.dim() - 1))), old, new)
@@ -177,11 +230,13 @@ class _Checks:
 
 def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Sequence[float],
                 tol: Optional[float], max_iter: int, init=None, accelerate: bool = True,
-                check_every: Optional[int] = None, relax: Optional["_Relaxation"] = None) -> Solution:
+                check_every: Optional[int] = None, relax: Optional["_Relaxation"] = None,
+                value_tol: Optional[float] = None, vtest: Optional[_ValueTest] = None) -> Solution:
     """Solve B problems: eps-scaling (symmetric, averaged, as GeomLoss), then safeguarded over-relaxed
-    alternating updates at the last eps until every problem's relative marginal error is <= tol or
-    ``max_iter`` updates ran in all (eps-scaling included). ``tol=None``: GeomLoss's fixed schedule
-    (eps-scaling, then one simultaneous extrapolation step). ``init=(f0, g0)`` skips eps-scaling."""
+    alternating updates at the last eps until every problem's relative marginal error is <= tol (or its
+    value passed the ``value_tol`` test of :class:`_ValueTest`), or ``max_iter`` updates ran in all
+    (eps-scaling included). ``tol=None``: GeomLoss's fixed schedule (eps-scaling, then one simultaneous
+    extrapolation step). ``init=(f0, g0)`` skips eps-scaling."""
     batch = log_a.shape[0]
     passes = 0
     mass_a = log_a.double().exp().sum(-1)
@@ -224,9 +279,10 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         passes += 3
         err = marginal_error(log_a, f, s, pen_a.aprox(s, eps), eps) / mass_a
         n_iter = torch.full((batch,), n_done + 1, dtype=torch.int64, device=f.device)
-        return Solution(f, g, s, t, n_iter, err, passes, 0)
+        return Solution(f, g, s, t, n_iter, err, passes, 0, torch.ones_like(err, dtype=torch.bool))
 
     relax = _Relaxation(batch, f, enabled=accelerate) if relax is None else relax
+    vtest = _ValueTest(value_tol) if vtest is None else vtest
     checks = _Checks(f.device, check_every)
     done = torch.zeros(batch, dtype=torch.bool, device=f.device)
     n_iter = torch.full((batch,), n_done, dtype=torch.int64, device=f.device)
@@ -238,18 +294,21 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     while True:
         f_hat = pen_a.aprox(s, eps)
         err = marginal_error(log_a, f, s, f_hat, eps) / mass_a
+        window = steps % WINDOW == 0
+        if window and steps > 0:
+            f, g, s, f_hat, err = relax.window_end(err, (f, g, s, f_hat, err), done)
+        if window and vtest.tol is not None:
+            value = dual_value(log_a, log_b, f_hat, g, s, pen_a, pen_b, eps)
+            done = done | vtest.passed(value, relax.undone if steps > 0 else None)
         done = done | (err <= tol)
         n_fin = checks.poll(it, max_iter, done, err, tol)
         if n_fin is not None:
             if n_fin == batch or it >= max_iter:
                 break
             if batch >= COMPACT_MIN and 2 * n_fin >= batch and steps > 0:  # the rest as a smaller batch
-                return _compact(geom, log_a, log_b, pen_a, pen_b, eps, tol, max_iter - it, relax,
+                return _compact(geom, log_a, log_b, pen_a, pen_b, eps, tol, max_iter - it, relax, vtest,
                                 check_every, done, f, g, s, t, n_iter, err, passes, checks.syncs)
-        if steps % WINDOW == 0:
-            if steps > 0:
-                f, g, s, f_hat, err_w = relax.window_end(err, (f, g, s, f_hat, err), done)
-                err = err_w
+        if window:
             relax.window_start(err, (f, g, s, f_hat, err))
         omega = torch.where(done, torch.zeros_like(relax.omega), relax.omega).to(f.dtype)[:, None]
         f = f + omega * (f_hat - f)
@@ -265,24 +324,26 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     if t is None:  # no update ran: the column soft-min for the final f (g is kept), one pass
         t = geom.softmin_y(log_a + f / eps, eps)
         passes += 1
-    return Solution(f, g, s, t, n_iter, err, passes, checks.syncs)
+    return Solution(f, g, s, t, n_iter, err, passes, checks.syncs, done)
 
 
-def _compact(geom, log_a, log_b, pen_a, pen_b, eps, tol, budget, relax, check_every, done, f, g, s, t,
-             n_iter, err, passes, syncs) -> Solution:
+def _compact(geom, log_a, log_b, pen_a, pen_b, eps, tol, budget, relax, vtest, check_every, done, f, g, s,
+             t, n_iter, err, passes, syncs) -> Solution:
     """Finish the problems not yet ``done`` as a batch of their own (warm-started at their potentials), so
     that finished problems stop costing kernel work; then put the results back in place."""
     idx = (~done).nonzero()[:, 0]
     sub = alternating(geom.subset(idx), log_a[idx], log_b[idx], pen_a, pen_b, [eps], tol, budget,
-                      (f[idx], g[idx]), relax.enabled, check_every, relax.subset(idx))
+                      (f[idx], g[idx]), relax.enabled, check_every, relax.subset(idx), vtest.tol, vtest.subset(idx))
     f, g, s, t, err, n_iter = f.clone(), g.clone(), s.clone(), t.clone(), err.clone(), n_iter.clone()
     f[idx], g[idx], s[idx], t[idx], err[idx] = sub.f, sub.g, sub.s, sub.t, sub.marginal_error
     n_iter[idx] += sub.n_iter
-    return Solution(f, g, s, t, n_iter, err, passes + sub.passes, syncs + sub.syncs)
+    done = done.clone()
+    done[idx] = sub.converged
+    return Solution(f, g, s, t, n_iter, err, passes + sub.passes, syncs + sub.syncs, done)
 
 
 def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optional[float], max_iter: int,
-              init=None, check_every: Optional[int] = None) -> Solution:
+              init=None, check_every: Optional[int] = None, value_tol: Optional[float] = None) -> Solution:
     """Self-transport OT(a, a) (x = y, u = v): the optimal f equals g, and the averaged update
     f <- (f + A(S(f))) / 2 converges fast even where alternating updates crawl (isolated points): it
     cancels the oscillating constant mode of the symmetric map, and the slow modes of the plain
@@ -305,7 +366,7 @@ def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optiona
         s = geom.softmin_x(log_a + f / eps, eps)
         err = marginal_error(log_a, f, s, pen.aprox(s, eps), eps) / mass_a
         n_iter = torch.full((batch,), len(eps_list) + 1, dtype=torch.int64, device=f.device)
-        return Solution(f, f, s, s, n_iter, err, passes + len(eps_list) + 2, 0)
+        return Solution(f, f, s, s, n_iter, err, passes + len(eps_list) + 2, 0, torch.ones_like(err, dtype=torch.bool))
     for eps in eps_list[:-1]:
         f = 0.5 * (f + pen.aprox(geom.softmin_x(log_a + f / eps, eps), eps))
         passes += 1
@@ -314,12 +375,15 @@ def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optiona
     checks = _Checks(f.device, check_every)
     done = torch.zeros(batch, dtype=torch.bool, device=f.device)
     n_iter = torch.full((batch,), n_done, dtype=torch.int64, device=f.device)
+    vtest = _ValueTest(value_tol)
     it = n_done
     while True:
         s = geom.softmin_x(log_a + f / eps, eps)
         passes += 1
         f_hat = pen.aprox(s, eps)
         err = marginal_error(log_a, f, s, f_hat, eps) / mass_a
+        if value_tol is not None and (it - n_done) % WINDOW == 0:
+            done = done | vtest.passed(dual_value(log_a, log_a, f_hat, f, s, pen, pen, eps))
         done = done | (err <= tol)
         n_fin = checks.poll(it, max_iter, done, err, tol)
         if n_fin is not None and (n_fin == batch or it >= max_iter):
@@ -328,4 +392,4 @@ def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optiona
         f = f + half * (f_hat - f)
         n_iter += (~done).long()
         it += 1
-    return Solution(f, f, s, s, n_iter, err, passes, checks.syncs)
+    return Solution(f, f, s, s, n_iter, err, passes, checks.syncs, done)

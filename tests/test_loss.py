@@ -80,10 +80,12 @@ def test_value_and_potentials_match_geomloss(p, reach, debias):
 
 
 def test_batched_equals_loop_and_geomloss():
-    """(B, N, D) inputs with (B, N) weights: same values / potentials as one call per item."""
+    """(B, N, D) inputs with (B, N) weights: same values / potentials as one call per item. The marginal test
+    alone (value_tol=None) drives both to the fixed point, so the potentials agree to 1e-12 whatever the
+    (rounding-level) differences between the batched and the single kernel calls."""
     items = [_clouds(40, 30, seed=s) for s in range(3)]
     A, X, B, Y = (torch.stack([it[k] for it in items]) for k in range(4))
-    loss = SROTLoss(p=2, blur=BLUR, reach=1.0, **PLAIN)
+    loss = SROTLoss(p=2, blur=BLUR, reach=1.0, value_tol=None, **PLAIN)
     values = loss(A, X, B, Y)
     assert values.shape == (3,)
     loop = torch.stack([loss(*it) for it in items])
@@ -91,7 +93,7 @@ def test_batched_equals_loop_and_geomloss():
     ref = geomloss_loss(p=2, blur=BLUR, reach=1.0, scaling=GL_SCALING, diameter=GL_DIAMETER)(A, X, B, Y)
     torch.testing.assert_close(values, ref, rtol=1e-5, atol=0)
 
-    pot = SROTLoss(p=2, blur=BLUR, reach=1.0, potentials=True, **PLAIN)
+    pot = SROTLoss(p=2, blur=BLUR, reach=1.0, potentials=True, value_tol=None, **PLAIN)
     f, g = pot(A, X, B, Y)
     assert f.shape == (3, 40) and g.shape == (3, 30)
     for k, it in enumerate(items):
