@@ -225,3 +225,31 @@ def test_tv_and_partial_through_the_loss():
     assert part.last_result.transported_mass == pytest.approx(0.6, abs=1e-8)
     ref = sinkhorn(x, y, a, b, p=1, eps=0.1, mass=0.6, **SOLVE)
     assert float(value) == pytest.approx(float(ref.value), abs=1e-12)
+
+
+@pytest.mark.filterwarnings("ignore::srot_fast.ConvergenceWarning")
+@pytest.mark.parametrize("seed", [0, 2])
+def test_default_loss_stops_on_its_value(seed):
+    """SROTLoss() (tol 1e-3, value_tol = tol / 10) stops on the value test at a marginal error of about 1e-2,
+    in fewer updates than the marginal test alone, with the debiased value within 1e-3 relative of a float64
+    solve (measured 2.7e-4 and 3.8e-4 for these seeds, float32)."""
+    gen = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(300, 2, generator=gen), torch.randn(300, 2, generator=gen)
+    y[:, 0] += 0.5
+    loss, marginal_only = SROTLoss(), SROTLoss(value_tol=None)
+    value = float(loss(x, y))
+    marginal_only(x, y)
+    ref = float(SROTLoss(tol=1e-6, value_tol=1e-10, max_iter=5000)(x.double(), y.double()))
+    res = loss.last_result
+    assert res.converged and res.marginal_error > loss.tol  # stopped by the value test
+    assert res.n_iter < marginal_only.last_result.n_iter
+    assert abs(value - ref) <= 1e-3 * abs(ref)
+
+
+def test_value_tol_is_checked():
+    x, y = torch.randn(10, 2), torch.randn(10, 2)
+    with pytest.raises(ValueError, match="value_tol"):
+        sinkhorn(x, y, value_tol=0.0)
+    with pytest.raises(ValueError, match="value_tol"):
+        SROTLoss(value_tol=-1.0)
+    assert SROTLoss(tol=None).value_tol is None and SROTLoss(tol=1e-2).value_tol == pytest.approx(1e-3)
