@@ -14,7 +14,11 @@ Run:
 - ``pytest benchmarks/bench_convergence.py --benchmark-only``: a small representative subset (d = 2, n = 500,
   blur/diam 0.05, offsets for kl/tv/partial);
 - ``python benchmarks/bench_convergence.py [--quick] [--n 1000 4000] [--d 2 64] [--out FILE.json]``: the grid
-  (or a subset), a Markdown table and summary lines (``--md FILE`` writes the table).
+  (or a subset), a Markdown table and summary lines (``--md FILE`` writes the table);
+- ``--dropin --n 1000 5000 --d 2 64``: ``SROTLoss()`` against ``geomloss.SamplesLoss()`` (both defaults), loss +
+  gradient, values against a float64 solve (``dropin_case``);
+- ``--batch``: B = 64 problems of 256 points, one batched call against a loop and GeomLoss tensorized
+  (``batch_case``).
 """
 
 from __future__ import annotations
@@ -209,7 +213,7 @@ def dropin_case(n: int, d: int, repeats: int = 2, ref_max_iter: int = 5000) -> d
         xg = x.clone().requires_grad_()
         v = loss(xg, y)
         v.backward()
-        return float(v)
+        return float(v.detach())
 
     ours, theirs = SROTLoss(), geomloss.SamplesLoss()
     run(theirs)  # warm-up

@@ -29,6 +29,8 @@ OMEGA_MAX = 1.95   # never relax beyond this (omega -> 2 is the stability limit)
 COMPACT_MIN = 4    # batches of at least this many problems drop their finished half (see _compact)
 SCALE_TOL = 1e-2   # eps-scaling: relative marginal error each intermediate eps is solved to ...
 SCALE_CAP = 50     # ... in at most this many updates
+DEPTH = 5          # Anderson acceleration: potentials kept in the history
+VALUE_SPAN = 100   # the value test may stop a solve at a marginal error of at most this many times tol
 
 
 @dataclass
@@ -72,7 +74,8 @@ class _ValueTest:
     the rises shrink, the remaining rise is estimated by the geometric tail d_k r / (1 - r), with r the larger
     of the last two ratios d_k / d_{k-1} (one sharp drop, the end of a fast transient, is not trusted alone).
     A problem passes when that estimate is <= value_tol |D|. A window that the relaxation safeguard undid
-    never passes."""
+    never passes, and the loop accepts a pass only at a marginal error <= VALUE_SPAN tol (the estimate is a
+    heuristic; this bounds how far it can stop from the marginal test)."""
 
     def __init__(self, value_tol: Optional[float]):
         self.tol = value_tol
@@ -158,6 +161,17 @@ class _Relaxation:
     def window_start(self, err: torch.Tensor, state: tuple) -> None:
         self.start_err, self.saved = err, state
 
+    def _omega(self, done: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        return torch.where(done, torch.zeros_like(self.omega), self.omega).to(like.dtype)[:, None]
+
+    def f_step(self, f, f_hat, done):
+        """(B, N) relaxed f update (frozen where ``done``)."""
+        return f + self._omega(done, f) * (f_hat - f)
+
+    def g_step(self, g, g_hat, err, done):
+        """(B, M) relaxed g update, g_hat = A_b(S_y(f)) for the new f (frozen where ``done``)."""
+        return g + self._omega(done, g) * (g_hat - g)
+
     def window_end(self, err: torch.Tensor, state: tuple, done: torch.Tensor) -> tuple:
         """Adapt omega from the window's decay; restore the window's start where a relaxed window did not
         decay. ``state`` holds tensors with a leading batch dimension."""
@@ -187,6 +201,67 @@ class _Relaxation:
             return state
         return tuple(torch.where(bad.reshape(-1, *([1] * (new.dim() - 1))), old, new)
                      for old, new in zip(self.saved, state))
+
+
+class _Anderson:
+    """Anderson acceleration (type II) of the fixed-point map g -> T(g) = A_b(S_y(A_a(S_x(g)))), per problem.
+
+    With the last k + 1 iterates g_i, their images T(g_i) and residuals r_i = T(g_i) - g_i, the next g is
+    T(g) - dG gamma, where dG, dR hold the differences of consecutive images and residuals and gamma
+    minimises |r - dR gamma| (a (k, k) least-squares solve per problem, in float64, slightly regularised).
+    Safeguard: where the marginal error rose above twice its best value, the plain step T(g) is taken and
+    that problem's history restarts. f is always the exact update A_a(S_x(g)). Residuals count on points of
+    positive weight only (``mask`` (B, M)), so zero-weight padding changes nothing."""
+
+    def __init__(self, batch: int, like: torch.Tensor, mask: torch.Tensor, depth: int = DEPTH):
+        self.enabled = True
+        self.depth = depth
+        self.mask = mask.double()
+        self.images: list = []   # T(g_i), (B, M) each
+        self.resid: list = []    # r_i
+        self.valid = like.new_zeros(batch, dtype=torch.int64)  # entries since the problem's last restart
+        self.best = like.new_full((batch,), math.inf, dtype=torch.float64)
+        self.undone = None
+
+    def subset(self, idx: torch.Tensor) -> "_Anderson":
+        out = _Anderson(int(idx.numel()), self.best, self.mask[idx], self.depth)
+        out.images, out.resid = [t[idx] for t in self.images], [t[idx] for t in self.resid]
+        out.valid, out.best = self.valid[idx], self.best[idx]
+        return out
+
+    def window_start(self, err, state) -> None:
+        pass
+
+    def window_end(self, err, state, done) -> tuple:
+        return state
+
+    def f_step(self, f, f_hat, done):
+        return torch.where(done[:, None], f, f_hat)
+
+    def g_step(self, g, g_hat, err, done):
+        bad = ~(err <= 2 * self.best)
+        self.best = torch.minimum(self.best, err.nan_to_num(math.inf))
+        self.images.append(g_hat)
+        self.resid.append(g_hat - g)
+        if len(self.resid) > self.depth + 1:
+            self.images.pop(0)
+            self.resid.pop(0)
+        self.valid = torch.where(bad, torch.ones_like(self.valid), (self.valid + 1).clamp_max(self.depth + 1))
+        k = len(self.resid) - 1
+        if k == 0:
+            return torch.where(done[:, None], g, g_hat)
+        # column c of dR / dG is the difference of entries c and c + 1: kept if both are since the last restart
+        keep = (torch.arange(k, device=g.device)[None, :] >= (k + 1 - self.valid)[:, None]).double()  # (B, k)
+        dR = torch.stack([b - a for a, b in zip(self.resid[:-1], self.resid[1:])], -1).double()
+        dR = dR * keep[:, None] * self.mask[..., None]
+        dG = torch.stack([b - a for a, b in zip(self.images[:-1], self.images[1:])], -1).double() * keep[:, None]
+        gram = dR.transpose(-1, -2) @ dR  # (B, k, k)
+        reg = 1e-10 * gram.diagonal(dim1=-2, dim2=-1).mean(-1) + 1e-300
+        gram = gram + reg[:, None, None] * torch.eye(k, dtype=gram.dtype, device=g.device)
+        gamma = torch.linalg.solve(gram, dR.transpose(-1, -2) @ (self.resid[-1].double() * self.mask)[..., None])
+        g_new = (g_hat.double() - (dG @ gamma)[..., 0]).to(g.dtype)
+        ok = ~bad & torch.isfinite(g_new).all(-1)
+        return torch.where(done[:, None], g, torch.where(ok[:, None], g_new, g_hat))
 
 
 class _Checks:
@@ -281,7 +356,9 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         n_iter = torch.full((batch,), n_done + 1, dtype=torch.int64, device=f.device)
         return Solution(f, g, s, t, n_iter, err, passes, 0, torch.ones_like(err, dtype=torch.bool))
 
-    relax = _Relaxation(batch, f, enabled=accelerate) if relax is None else relax
+    if relax is None:  # Anderson acceleration, or over-relaxation for partial OT (its rebalancing step)
+        relax = (_Anderson(batch, f, log_b > -math.inf) if accelerate and rebalance is None
+                 else _Relaxation(batch, f, enabled=accelerate))
     vtest = _ValueTest(value_tol) if vtest is None else vtest
     checks = _Checks(f.device, check_every)
     done = torch.zeros(batch, dtype=torch.bool, device=f.device)
@@ -299,7 +376,7 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
             f, g, s, f_hat, err = relax.window_end(err, (f, g, s, f_hat, err), done)
         if window and vtest.tol is not None:
             value = dual_value(log_a, log_b, f_hat, g, s, pen_a, pen_b, eps)
-            done = done | vtest.passed(value, relax.undone if steps > 0 else None)
+            done = done | (vtest.passed(value, relax.undone if steps > 0 else None) & (err <= VALUE_SPAN * tol))
         done = done | (err <= tol)
         n_fin = checks.poll(it, max_iter, done, err, tol)
         if n_fin is not None:
@@ -310,10 +387,9 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
                                 check_every, done, f, g, s, t, n_iter, err, passes, checks.syncs)
         if window:
             relax.window_start(err, (f, g, s, f_hat, err))
-        omega = torch.where(done, torch.zeros_like(relax.omega), relax.omega).to(f.dtype)[:, None]
-        f = f + omega * (f_hat - f)
+        f = relax.f_step(f, f_hat, done)
         t = geom.softmin_y(log_a + f / eps, eps)
-        g = g + omega * (pen_b.aprox(t, eps) - g)
+        g = relax.g_step(g, pen_b.aprox(t, eps), err, done)
         s = geom.softmin_x(log_b + g / eps, eps)
         if rebalance is not None:
             f, g, s = rebalance(f, g, log_b, eps, log_a)
@@ -383,7 +459,8 @@ def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optiona
         f_hat = pen.aprox(s, eps)
         err = marginal_error(log_a, f, s, f_hat, eps) / mass_a
         if value_tol is not None and (it - n_done) % WINDOW == 0:
-            done = done | vtest.passed(dual_value(log_a, log_a, f_hat, f, s, pen, pen, eps))
+            value = dual_value(log_a, log_a, f_hat, f, s, pen, pen, eps)
+            done = done | (vtest.passed(value) & (err <= VALUE_SPAN * tol))
         done = done | (err <= tol)
         n_fin = checks.poll(it, max_iter, done, err, tol)
         if n_fin is not None and (n_fin == batch or it >= max_iter):
