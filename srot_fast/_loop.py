@@ -1,18 +1,17 @@
-r"""The Sinkhorn iteration itself: eps-scaling, then safeguarded over-relaxed alternating updates.
+r"""The Sinkhorn iteration itself: eps-scaling, then accelerated alternating updates (docs/DESIGN.md, Acceleration).
 
 Everything here works on a batch of B problems at once: potentials are (B, N) / (B, M) tensors, log-weights
 too, and the geometry's soft-min operators take and return batched tensors (one kernel launch per pass for
-the whole batch). Per-problem quantities (marginal error, relaxation factor, "done") are (B,) tensors that
+the whole batch). Per-problem quantities (marginal error, acceleration state, "done") are (B,) tensors that
 stay on the device; the host only looks at them every ``check_every`` updates (see :class:`_Checks`).
 
-Updates at the target eps (one "update" = one row pass and one column pass), with relaxation ``omega``:
-    f <- f + omega (A_a(S_x(g)) - f),     g <- g + omega (A_b(S_y(f)) - g).
-omega = 1 is plain Sinkhorn. Over-relaxation (1 < omega < 2) multiplies the speed of the slow,
-smooth modes; its best value depends on the contraction rate theta of plain Sinkhorn, omega* =
-2 / (1 + sqrt(1 - theta)) (Young's SOR theory, which applies to the linearised alternating updates).
-:class:`_Relaxation` estimates theta per problem from the observed decay of the marginal error over
-windows of ``WINDOW`` updates, and guards the choice: a window whose error did not decrease restores
-the potentials of the window's start and halves omega - 1 (and caps it there for good).
+One update = one row pass and one column pass:
+    f <- A_a(S_x(g)),     g <- A_b(S_y(f)),
+accelerated by :class:`_Anderson` (Anderson acceleration of the map g -> A_b(S_y(A_a(S_x(g))))), or, for partial
+OT, by :class:`_Relaxation` (f <- f + omega (A_a(S_x(g)) - f), the same for g, with omega adapted per problem
+from the observed contraction rate theta of plain Sinkhorn, omega* = 2 / (1 + sqrt(1 - theta)), Young's SOR
+theory; a window of ``WINDOW`` updates whose error did not decrease is undone and omega - 1 halved). Both
+expose ``f_step`` / ``g_step`` and the window hooks the loop calls.
 """
 from __future__ import annotations
 
@@ -307,7 +306,7 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
                 tol: Optional[float], max_iter: int, init=None, accelerate: bool = True,
                 check_every: Optional[int] = None, relax: Optional["_Relaxation"] = None,
                 value_tol: Optional[float] = None, vtest: Optional[_ValueTest] = None) -> Solution:
-    """Solve B problems: eps-scaling (symmetric, averaged, as GeomLoss), then safeguarded over-relaxed
+    """Solve B problems: eps-scaling (symmetric, averaged, as GeomLoss), then accelerated
     alternating updates at the last eps until every problem's relative marginal error is <= tol (or its
     value passed the ``value_tol`` test of :class:`_ValueTest`), or ``max_iter`` updates ran in all
     (eps-scaling included). ``tol=None``: GeomLoss's fixed schedule (eps-scaling, then one simultaneous

@@ -7,7 +7,7 @@ D = KL, TV, or a hard constraint (balanced, tau = inf). Dual updates
 plan pi_ij = a_i b_j exp((f_i + g_j - c'_ij)/eps), value = the dual objective
     <a, phi_a(f)> + <b, phi_b(g)> - eps (<pi, 1> - |a| |b|).
 
-The iteration (eps-scaling, then safeguarded over-relaxed alternating updates) is in
+The iteration (eps-scaling, then accelerated alternating updates) is in
 :mod:`srot_fast._loop`; it sees only ``geom.softmin_x`` / ``geom.softmin_y`` (srot_fast.geometry) and
 never branches on a backend. A leading batch dimension solves B problems as one (one kernel launch per
 pass). Gradients of the value follow the envelope theorem (never back-propagation through the
@@ -301,13 +301,14 @@ def sinkhorn(
         backend: 'auto' | 'tensorized' | 'cpu' | 'keops' | 'triton' (see srot_fast.backends).
         init: optional warm start (f0, g0) shaped like the potentials, e.g. those of a previous, nearby
             problem (gradient flows); skips eps-scaling.
-        accelerate: adaptive, safeguarded over-relaxation of the updates at the target eps (see
+        accelerate: safeguarded Anderson acceleration of the updates (over-relaxation for partial OT; see
             srot_fast._loop); False gives plain alternating Sinkhorn updates.
         check_every: updates between two host checks of the stopping test (default: every update on
             the CPU, adaptive on CUDA, where each check is a device synchronisation).
-        value_tol: also stop a problem when its value has converged to about this relative accuracy,
-            whatever its marginal error: the dual objective is read every 8 updates, and the problem stops
-            when the geometric tail of its rises, d_k r / (1 - r) with r = d_k / d_{k-1}, is <= value_tol |value|.
+        value_tol: also stop a problem when its value has converged to about this relative accuracy and
+            its marginal error is <= 100 tol: the dual objective is read every 8 updates, and the problem
+            stops when the geometric tail of its rises, d_k r / (1 - r) with r = d_k / d_{k-1}, is
+            <= value_tol |value| (a heuristic estimate, docs/DESIGN.md, Solver).
             None (default): the marginal test alone. ``SROTLoss`` uses 1e-4.
 
     Returns:
