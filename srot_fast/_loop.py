@@ -257,7 +257,8 @@ class _Anderson:
         gram = dR.transpose(-1, -2) @ dR  # (B, k, k)
         reg = 1e-10 * gram.diagonal(dim1=-2, dim2=-1).mean(-1) + 1e-300
         gram = gram + reg[:, None, None] * torch.eye(k, dtype=gram.dtype, device=g.device)
-        gamma = torch.linalg.solve(gram, dR.transpose(-1, -2) @ (self.resid[-1].double() * self.mask)[..., None])
+        # solve_ex: no error check, hence no host synchronisation on CUDA (a failed solve is caught below)
+        gamma = torch.linalg.solve_ex(gram, dR.transpose(-1, -2) @ (self.resid[-1].double() * self.mask)[..., None])[0]
         g_new = (g_hat.double() - (dG @ gamma)[..., 0]).to(g.dtype)
         ok = ~bad & torch.isfinite(g_new).all(-1)
         return torch.where(done[:, None], g, torch.where(ok[:, None], g_new, g_hat))
