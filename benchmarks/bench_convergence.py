@@ -14,7 +14,11 @@ Run:
 - ``pytest benchmarks/bench_convergence.py --benchmark-only``: a small representative subset (d = 2, n = 500,
   blur/diam 0.05, offsets for kl/tv/partial);
 - ``python benchmarks/bench_convergence.py [--quick] [--n 1000 4000] [--d 2 64] [--out FILE.json]``: the grid
-  (or a subset), a Markdown table and summary lines (``--md FILE`` writes the table).
+  (or a subset), a Markdown table and summary lines (``--md FILE`` writes the table);
+- ``--dropin --n 1000 5000 --d 2 64``: ``SROTLoss()`` against ``geomloss.SamplesLoss()`` (both defaults), loss +
+  gradient, values against a float64 solve (``dropin_case``);
+- ``--batch``: B = 64 problems of 256 points, one batched call against a loop and GeomLoss tensorized
+  (``batch_case``).
 """
 
 from __future__ import annotations
@@ -176,6 +180,99 @@ def grid(ps=PS, penalties=PENALTIES, dims=DIMS, ratios=RATIOS, sizes=SIZES, offs
     return list(itertools.product(ps, penalties, dims, ratios, sizes, offsets))
 
 
+# ------------------------------------------------------------------------------------ drop-in and batch
+def _timed(fn, repeats: int):
+    """(best seconds, last output) of ``repeats`` calls of fn."""
+    best, out = math.inf, None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def dropin_case(n: int, d: int, repeats: int = 2, ref_max_iter: int = 5000) -> dict:
+    """``SROTLoss()`` against ``geomloss.SamplesLoss()`` (both defaults: p = 2, blur 0.05, debiased), float32,
+    loss + gradient w.r.t. x, two unit Gaussians 0.5 apart; values against a float64 ``SROTLoss`` solved to
+    tol 1e-6 / value_tol 1e-9. Timings interleaved, best of ``repeats``."""
+    import geomloss
+
+    from srot_fast import SROTLoss
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(n, d, generator=gen)
+    y = torch.randn(n, d, generator=gen)
+    y[:, 0] += 0.5
+    ref_loss = SROTLoss(tol=1e-6, value_tol=1e-9, max_iter=ref_max_iter)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = float(ref_loss(x.double(), y.double()))
+    ref_err = float(ref_loss.last_result.marginal_error)
+
+    def run(loss):
+        xg = x.clone().requires_grad_()
+        v = loss(xg, y)
+        v.backward()
+        return float(v.detach())
+
+    ours, theirs = SROTLoss(), geomloss.SamplesLoss()
+    run(theirs)  # warm-up
+    t_ours, t_gl = math.inf, math.inf
+    warned = False
+    for _ in range(repeats):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            t, v_ours = _timed(lambda: run(ours), 1)
+        warned |= any(issubclass(w.category, ConvergenceWarning) for w in caught)
+        t_ours = min(t_ours, t)
+        t, v_gl = _timed(lambda: run(theirs), 1)
+        t_gl = min(t_gl, t)
+    res = ours.last_result
+    return dict(n=n, d=d, ref=ref, ref_marginal_error=ref_err, srot_seconds=t_ours, srot_value=v_ours,
+                srot_error=_rel(v_ours, ref), srot_updates=int(res.n_iter),
+                srot_marginal_error=float(res.marginal_error),
+                srot_warned=warned, geomloss_seconds=t_gl, geomloss_value=v_gl, geomloss_error=_rel(v_gl, ref),
+                time_ratio=t_ours / t_gl)
+
+
+def batch_case(batch: int = 64, n: int = 256, d: int = 2, repeats: int = 3) -> dict:
+    """B problems of n points (p = 2, blur 0.05, debias off, float32), loss + gradient: one batched ``SROTLoss``
+    call, a Python loop of B calls, and GeomLoss tensorized on the same batch. Interleaved, best of repeats."""
+    import geomloss
+
+    from srot_fast import SROTLoss
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, n, d, generator=gen)
+    y = torch.randn(batch, n, d, generator=gen) + 0.5
+    ours = SROTLoss(p=2, blur=0.05, debias=False)
+    gl = geomloss.SamplesLoss(p=2, blur=0.05, debias=False, backend="tensorized")
+
+    def batched():
+        xg = x.clone().requires_grad_()
+        ours(xg, y).sum().backward()
+        return ours.last_result
+
+    def loop():
+        xg = x.clone().requires_grad_()
+        sum(ours(xg[k], y[k]) for k in range(batch)).backward()
+
+    def geom():
+        xg = x.clone().requires_grad_()
+        gl(xg, y).sum().backward()
+
+    batched(), geom()  # warm-up
+    t_b = t_l = t_g = math.inf
+    for _ in range(repeats):
+        t, res = _timed(batched, 1)
+        t_b = min(t_b, t)
+        t_g = min(t_g, _timed(geom, 1)[0])
+        t_l = min(t_l, _timed(loop, 1)[0])
+    return dict(batch=batch, n=n, d=d, batched_seconds=t_b, loop_seconds=t_l, geomloss_seconds=t_g,
+                loop_over_batched=t_l / t_b, geomloss_over_batched=t_g / t_b, passes=res.passes,
+                updates_max=int(res.n_iter.max()), updates_median=float(res.n_iter.double().median()))
+
+
 # ------------------------------------------------------------------------------------------------- report
 def _f(v, fmt="{:.3g}"):
     return "-" if v is None else fmt.format(v)
@@ -265,7 +362,18 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="JSON file (rewritten after every case)")
     ap.add_argument("--md", help="Markdown file for the table and summary")
     ap.add_argument("--from-json", nargs="+", metavar="FILE", help="no solving: merge these --out files, report")
+    ap.add_argument("--dropin", action="store_true", help="SROTLoss() vs SamplesLoss() at each --n x --d instead")
+    ap.add_argument("--batch", action="store_true", help="the batched solve (B = 64 x 256 points) instead")
     args = ap.parse_args(argv)
+    if args.dropin or args.batch:
+        rows = ([dropin_case(n, d, ref_max_iter=args.ref_max_iter) for n in args.n for d in args.d] if args.dropin
+                else [batch_case()])
+        for r in rows:
+            print(json.dumps(r), flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(dict(meta=dict(machine(), command=" ".join(sys.argv)), rows=rows), f, indent=1)
+        return 0
     if args.from_json:
         rows = []
         for name in args.from_json:

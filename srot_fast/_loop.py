@@ -1,18 +1,17 @@
-r"""The Sinkhorn iteration itself: eps-scaling, then safeguarded over-relaxed alternating updates.
+r"""The Sinkhorn iteration itself: eps-scaling, then accelerated alternating updates (docs/DESIGN.md, Acceleration).
 
 Everything here works on a batch of B problems at once: potentials are (B, N) / (B, M) tensors, log-weights
 too, and the geometry's soft-min operators take and return batched tensors (one kernel launch per pass for
-the whole batch). Per-problem quantities (marginal error, relaxation factor, "done") are (B,) tensors that
+the whole batch). Per-problem quantities (marginal error, acceleration state, "done") are (B,) tensors that
 stay on the device; the host only looks at them every ``check_every`` updates (see :class:`_Checks`).
 
-Updates at the target eps (one "update" = one row pass and one column pass), with relaxation ``omega``:
-    f <- f + omega (A_a(S_x(g)) - f),     g <- g + omega (A_b(S_y(f)) - g).
-omega = 1 is plain Sinkhorn. Over-relaxation (1 < omega < 2) multiplies the speed of the slow,
-smooth modes; its best value depends on the contraction rate theta of plain Sinkhorn, omega* =
-2 / (1 + sqrt(1 - theta)) (Young's SOR theory, which applies to the linearised alternating updates).
-:class:`_Relaxation` estimates theta per problem from the observed decay of the marginal error over
-windows of ``WINDOW`` updates, and guards the choice: a window whose error did not decrease restores
-the potentials of the window's start and halves omega - 1 (and caps it there for good).
+One update = one row pass and one column pass:
+    f <- A_a(S_x(g)),     g <- A_b(S_y(f)),
+accelerated by :class:`_Anderson` (Anderson acceleration of the map g -> A_b(S_y(A_a(S_x(g))))), or, for partial
+OT, by :class:`_Relaxation` (f <- f + omega (A_a(S_x(g)) - f), the same for g, with omega adapted per problem
+from the observed contraction rate theta of plain Sinkhorn, omega* = 2 / (1 + sqrt(1 - theta)), Young's SOR
+theory; a window of ``WINDOW`` updates whose error did not decrease is undone and omega - 1 halved). Both
+expose ``f_step`` / ``g_step`` and the window hooks the loop calls.
 """
 from __future__ import annotations
 
@@ -29,6 +28,8 @@ OMEGA_MAX = 1.95   # never relax beyond this (omega -> 2 is the stability limit)
 COMPACT_MIN = 4    # batches of at least this many problems drop their finished half (see _compact)
 SCALE_TOL = 1e-2   # eps-scaling: relative marginal error each intermediate eps is solved to ...
 SCALE_CAP = 50     # ... in at most this many updates
+DEPTH = 5          # Anderson acceleration: potentials kept in the history
+VALUE_SPAN = 100   # the value test may stop a solve at a marginal error of at most this many times tol
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Solution:
     marginal_error: torch.Tensor  # (B,) relative L1 marginal error at the end
     passes: int                   # soft-min passes launched (each covers the whole batch)
     syncs: int                    # host synchronisations spent on the stopping test
+    converged: torch.Tensor       # (B,) bool: the problem met tol or value_tol
 
 
 def marginal_error(log_a: torch.Tensor, f, s, f_hat, eps: float) -> torch.Tensor:
@@ -53,6 +55,57 @@ def marginal_error(log_a: torch.Tensor, f, s, f_hat, eps: float) -> torch.Tensor
     d1 = la + (f - s).double() / eps
     d2 = la + (f_hat - s).double() / eps
     return (d1.exp() - d2.exp()).abs().nan_to_num(nan=0.0).sum(-1)
+
+
+def dual_value(log_a, log_b, f_hat, g, s, pen_a: Penalty, pen_b: Penalty, eps: float) -> torch.Tensor:
+    r"""(B,) float64 dual objective at (f_hat, g), f_hat = A_a(s) the exact row update for g (s = S_x(g)):
+    <a, phi_a(f_hat)> + <b, phi_b(g)> - eps (<pi, 1> - |a| |b|). Zero weights contribute nothing."""
+    a, b = log_a.double().exp(), log_b.double().exp()
+    fh, gd = f_hat.double(), g.double()
+    plan = (a * ((fh - s.double()) / eps).exp()).nan_to_num(nan=0.0).sum(-1)
+    side_a = (a * pen_a.phi(fh)).nan_to_num(nan=0.0).sum(-1)
+    side_b = (b * pen_b.phi(gd)).nan_to_num(nan=0.0).sum(-1)
+    return side_a + side_b - eps * (plan - a.sum(-1) * b.sum(-1))
+
+
+class _ValueTest:
+    """Stopping on the value: the dual objective D, read every WINDOW updates, rises by d_k per window; when
+    the rises shrink, the remaining rise is estimated by the geometric tail d_k r / (1 - r), with r the larger
+    of the last two ratios d_k / d_{k-1} (one sharp drop, the end of a fast transient, is not trusted alone).
+    A problem passes when that estimate is <= value_tol |D|. A window that the relaxation safeguard undid
+    never passes, and the loop accepts a pass only at a marginal error <= VALUE_SPAN tol (the estimate is a
+    heuristic; this bounds how far it can stop from the marginal test)."""
+
+    def __init__(self, value_tol: Optional[float]):
+        self.tol = value_tol
+        self.prev: Optional[torch.Tensor] = None   # (B,) D at the last window boundary
+        self.rise: Optional[torch.Tensor] = None   # (B,) its rise over the window before
+        self.ratio: Optional[torch.Tensor] = None  # (B,) the ratio of the two rises before
+
+    def subset(self, idx: torch.Tensor) -> "_ValueTest":
+        out = _ValueTest(self.tol)
+        out.prev, out.rise, out.ratio = (None if t is None else t[idx] for t in (self.prev, self.rise, self.ratio))
+        return out
+
+    def passed(self, value: torch.Tensor, undone: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """(B,) bool: the estimated remaining rise of D is within value_tol |D| (never at the first 4 looks)."""
+        out = torch.zeros_like(value, dtype=torch.bool)
+        if self.tol is None:
+            return out
+        if self.prev is not None:
+            rise = value - self.prev
+            if self.rise is not None:
+                r = torch.where(self.rise > 0, rise / self.rise.clamp_min(1e-300), torch.full_like(rise, math.inf))
+                if self.ratio is not None:
+                    r_max = torch.maximum(r, self.ratio)
+                    tail = rise * r_max / (1 - r_max).clamp_min(1e-300)
+                    out = (rise >= 0) & (r_max < 1) & (tail <= self.tol * value.abs())
+                    if undone is not None:
+                        out = out & ~undone
+                self.ratio = r
+            self.rise = rise
+        self.prev = value
+        return out
 
 
 def epsilon_schedule(p: int, diam: float, blur: float, scaling: float) -> list[float]:
@@ -93,6 +146,7 @@ class _Relaxation:
         self.best = like.new_full((batch,), math.inf, dtype=torch.float64)
         self.start_err: Optional[torch.Tensor] = None
         self.saved = None
+        self.undone: Optional[torch.Tensor] = None  # (B,) bool: restored at the last window end
 
     def subset(self, idx: torch.Tensor) -> "_Relaxation":
         """The state of problems ``idx`` (a smaller batch goes on with what was learnt about omega)."""
@@ -100,11 +154,22 @@ class _Relaxation:
         out.enabled = self.enabled
         out.omega, out.cap, out.prev_rate, out.best = (t[idx] for t in (self.omega, self.cap, self.prev_rate,
                                                                           self.best))
-        out.start_err, out.saved = None, None
+        out.start_err, out.saved, out.undone = None, None, None
         return out
 
     def window_start(self, err: torch.Tensor, state: tuple) -> None:
         self.start_err, self.saved = err, state
+
+    def _omega(self, done: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        return torch.where(done, torch.zeros_like(self.omega), self.omega).to(like.dtype)[:, None]
+
+    def f_step(self, f, f_hat, done):
+        """(B, N) relaxed f update (frozen where ``done``)."""
+        return f + self._omega(done, f) * (f_hat - f)
+
+    def g_step(self, g, g_hat, err, done):
+        """(B, M) relaxed g update, g_hat = A_b(S_y(f)) for the new f (frozen where ``done``)."""
+        return g + self._omega(done, g) * (g_hat - g)
 
     def window_end(self, err: torch.Tensor, state: tuple, done: torch.Tensor) -> tuple:
         """Adapt omega from the window's decay; restore the window's start where a relaxed window did not
@@ -130,10 +195,73 @@ class _Relaxation:
                                torch.where(decayed, self.cap + (OMEGA_MAX - self.cap) / 4, self.cap))
         self.omega = torch.minimum(torch.where(bad, backoff, grow), self.cap)
         self.prev_rate = torch.where(decayed, rate, torch.full_like(rate, 2.0))
+        self.undone = bad
         if self.saved is None:
             return state
         return tuple(torch.where(bad.reshape(-1, *([1] * (new.dim() - 1))), old, new)
                      for old, new in zip(self.saved, state))
+
+
+class _Anderson:
+    """Anderson acceleration (type II) of the fixed-point map g -> T(g) = A_b(S_y(A_a(S_x(g)))), per problem.
+
+    With the last k + 1 iterates g_i, their images T(g_i) and residuals r_i = T(g_i) - g_i, the next g is
+    T(g) - dG gamma, where dG, dR hold the differences of consecutive images and residuals and gamma
+    minimises |r - dR gamma| (a (k, k) least-squares solve per problem, in float64, slightly regularised).
+    Safeguard: where the marginal error rose above twice its best value, the plain step T(g) is taken and
+    that problem's history restarts. f is always the exact update A_a(S_x(g)). Residuals count on points of
+    positive weight only (``mask`` (B, M)), so zero-weight padding changes nothing."""
+
+    def __init__(self, batch: int, like: torch.Tensor, mask: torch.Tensor, depth: int = DEPTH):
+        self.enabled = True
+        self.depth = depth
+        self.mask = mask.double()
+        self.images: list = []   # T(g_i), (B, M) each
+        self.resid: list = []    # r_i
+        self.valid = like.new_zeros(batch, dtype=torch.int64)  # entries since the problem's last restart
+        self.best = like.new_full((batch,), math.inf, dtype=torch.float64)
+        self.undone = None
+
+    def subset(self, idx: torch.Tensor) -> "_Anderson":
+        out = _Anderson(int(idx.numel()), self.best, self.mask[idx], self.depth)
+        out.images, out.resid = [t[idx] for t in self.images], [t[idx] for t in self.resid]
+        out.valid, out.best = self.valid[idx], self.best[idx]
+        return out
+
+    def window_start(self, err, state) -> None:
+        pass
+
+    def window_end(self, err, state, done) -> tuple:
+        return state
+
+    def f_step(self, f, f_hat, done):
+        return torch.where(done[:, None], f, f_hat)
+
+    def g_step(self, g, g_hat, err, done):
+        bad = ~(err <= 2 * self.best)
+        self.best = torch.minimum(self.best, err.nan_to_num(math.inf))
+        self.images.append(g_hat)
+        self.resid.append(g_hat - g)
+        if len(self.resid) > self.depth + 1:
+            self.images.pop(0)
+            self.resid.pop(0)
+        self.valid = torch.where(bad, torch.ones_like(self.valid), (self.valid + 1).clamp_max(self.depth + 1))
+        k = len(self.resid) - 1
+        if k == 0:
+            return torch.where(done[:, None], g, g_hat)
+        # column c of dR / dG is the difference of entries c and c + 1: kept if both are since the last restart
+        keep = (torch.arange(k, device=g.device)[None, :] >= (k + 1 - self.valid)[:, None]).double()  # (B, k)
+        dR = torch.stack([b - a for a, b in zip(self.resid[:-1], self.resid[1:])], -1).double()
+        dR = dR * keep[:, None] * self.mask[..., None]
+        dG = torch.stack([b - a for a, b in zip(self.images[:-1], self.images[1:])], -1).double() * keep[:, None]
+        gram = dR.transpose(-1, -2) @ dR  # (B, k, k)
+        reg = 1e-10 * gram.diagonal(dim1=-2, dim2=-1).mean(-1) + 1e-300
+        gram = gram + reg[:, None, None] * torch.eye(k, dtype=gram.dtype, device=g.device)
+        # solve_ex: no error check, hence no host synchronisation on CUDA (a failed solve is caught below)
+        gamma = torch.linalg.solve_ex(gram, dR.transpose(-1, -2) @ (self.resid[-1].double() * self.mask)[..., None])[0]
+        g_new = (g_hat.double() - (dG @ gamma)[..., 0]).to(g.dtype)
+        ok = ~bad & torch.isfinite(g_new).all(-1)
+        return torch.where(done[:, None], g, torch.where(ok[:, None], g_new, g_hat))
 
 
 class _Checks:
@@ -177,11 +305,13 @@ class _Checks:
 
 def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Sequence[float],
                 tol: Optional[float], max_iter: int, init=None, accelerate: bool = True,
-                check_every: Optional[int] = None, relax: Optional["_Relaxation"] = None) -> Solution:
-    """Solve B problems: eps-scaling (symmetric, averaged, as GeomLoss), then safeguarded over-relaxed
-    alternating updates at the last eps until every problem's relative marginal error is <= tol or
-    ``max_iter`` updates ran in all (eps-scaling included). ``tol=None``: GeomLoss's fixed schedule
-    (eps-scaling, then one simultaneous extrapolation step). ``init=(f0, g0)`` skips eps-scaling."""
+                check_every: Optional[int] = None, relax: Optional["_Relaxation"] = None,
+                value_tol: Optional[float] = None, vtest: Optional[_ValueTest] = None) -> Solution:
+    """Solve B problems: eps-scaling (symmetric, averaged, as GeomLoss), then accelerated
+    alternating updates at the last eps until every problem's relative marginal error is <= tol (or its
+    value passed the ``value_tol`` test of :class:`_ValueTest`), or ``max_iter`` updates ran in all
+    (eps-scaling included). ``tol=None``: GeomLoss's fixed schedule (eps-scaling, then one simultaneous
+    extrapolation step). ``init=(f0, g0)`` skips eps-scaling."""
     batch = log_a.shape[0]
     passes = 0
     mass_a = log_a.double().exp().sum(-1)
@@ -224,9 +354,12 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         passes += 3
         err = marginal_error(log_a, f, s, pen_a.aprox(s, eps), eps) / mass_a
         n_iter = torch.full((batch,), n_done + 1, dtype=torch.int64, device=f.device)
-        return Solution(f, g, s, t, n_iter, err, passes, 0)
+        return Solution(f, g, s, t, n_iter, err, passes, 0, torch.ones_like(err, dtype=torch.bool))
 
-    relax = _Relaxation(batch, f, enabled=accelerate) if relax is None else relax
+    if relax is None:  # Anderson acceleration, or over-relaxation for partial OT (its rebalancing step)
+        relax = (_Anderson(batch, f, log_b > -math.inf) if accelerate and rebalance is None
+                 else _Relaxation(batch, f, enabled=accelerate))
+    vtest = _ValueTest(value_tol) if vtest is None else vtest
     checks = _Checks(f.device, check_every)
     done = torch.zeros(batch, dtype=torch.bool, device=f.device)
     n_iter = torch.full((batch,), n_done, dtype=torch.int64, device=f.device)
@@ -238,23 +371,25 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     while True:
         f_hat = pen_a.aprox(s, eps)
         err = marginal_error(log_a, f, s, f_hat, eps) / mass_a
+        window = steps % WINDOW == 0
+        if window and steps > 0:
+            f, g, s, f_hat, err = relax.window_end(err, (f, g, s, f_hat, err), done)
+        if window and vtest.tol is not None:
+            value = dual_value(log_a, log_b, f_hat, g, s, pen_a, pen_b, eps)
+            done = done | (vtest.passed(value, relax.undone if steps > 0 else None) & (err <= VALUE_SPAN * tol))
         done = done | (err <= tol)
         n_fin = checks.poll(it, max_iter, done, err, tol)
         if n_fin is not None:
             if n_fin == batch or it >= max_iter:
                 break
             if batch >= COMPACT_MIN and 2 * n_fin >= batch and steps > 0:  # the rest as a smaller batch
-                return _compact(geom, log_a, log_b, pen_a, pen_b, eps, tol, max_iter - it, relax,
+                return _compact(geom, log_a, log_b, pen_a, pen_b, eps, tol, max_iter - it, relax, vtest,
                                 check_every, done, f, g, s, t, n_iter, err, passes, checks.syncs)
-        if steps % WINDOW == 0:
-            if steps > 0:
-                f, g, s, f_hat, err_w = relax.window_end(err, (f, g, s, f_hat, err), done)
-                err = err_w
+        if window:
             relax.window_start(err, (f, g, s, f_hat, err))
-        omega = torch.where(done, torch.zeros_like(relax.omega), relax.omega).to(f.dtype)[:, None]
-        f = f + omega * (f_hat - f)
+        f = relax.f_step(f, f_hat, done)
         t = geom.softmin_y(log_a + f / eps, eps)
-        g = g + omega * (pen_b.aprox(t, eps) - g)
+        g = relax.g_step(g, pen_b.aprox(t, eps), err, done)
         s = geom.softmin_x(log_b + g / eps, eps)
         if rebalance is not None:
             f, g, s = rebalance(f, g, log_b, eps, log_a)
@@ -265,24 +400,26 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     if t is None:  # no update ran: the column soft-min for the final f (g is kept), one pass
         t = geom.softmin_y(log_a + f / eps, eps)
         passes += 1
-    return Solution(f, g, s, t, n_iter, err, passes, checks.syncs)
+    return Solution(f, g, s, t, n_iter, err, passes, checks.syncs, done)
 
 
-def _compact(geom, log_a, log_b, pen_a, pen_b, eps, tol, budget, relax, check_every, done, f, g, s, t,
-             n_iter, err, passes, syncs) -> Solution:
+def _compact(geom, log_a, log_b, pen_a, pen_b, eps, tol, budget, relax, vtest, check_every, done, f, g, s,
+             t, n_iter, err, passes, syncs) -> Solution:
     """Finish the problems not yet ``done`` as a batch of their own (warm-started at their potentials), so
     that finished problems stop costing kernel work; then put the results back in place."""
     idx = (~done).nonzero()[:, 0]
     sub = alternating(geom.subset(idx), log_a[idx], log_b[idx], pen_a, pen_b, [eps], tol, budget,
-                      (f[idx], g[idx]), relax.enabled, check_every, relax.subset(idx))
+                      (f[idx], g[idx]), relax.enabled, check_every, relax.subset(idx), vtest.tol, vtest.subset(idx))
     f, g, s, t, err, n_iter = f.clone(), g.clone(), s.clone(), t.clone(), err.clone(), n_iter.clone()
     f[idx], g[idx], s[idx], t[idx], err[idx] = sub.f, sub.g, sub.s, sub.t, sub.marginal_error
     n_iter[idx] += sub.n_iter
-    return Solution(f, g, s, t, n_iter, err, passes + sub.passes, syncs + sub.syncs)
+    done = done.clone()
+    done[idx] = sub.converged
+    return Solution(f, g, s, t, n_iter, err, passes + sub.passes, syncs + sub.syncs, done)
 
 
 def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optional[float], max_iter: int,
-              init=None, check_every: Optional[int] = None) -> Solution:
+              init=None, check_every: Optional[int] = None, value_tol: Optional[float] = None) -> Solution:
     """Self-transport OT(a, a) (x = y, u = v): the optimal f equals g, and the averaged update
     f <- (f + A(S(f))) / 2 converges fast even where alternating updates crawl (isolated points): it
     cancels the oscillating constant mode of the symmetric map, and the slow modes of the plain
@@ -305,7 +442,7 @@ def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optiona
         s = geom.softmin_x(log_a + f / eps, eps)
         err = marginal_error(log_a, f, s, pen.aprox(s, eps), eps) / mass_a
         n_iter = torch.full((batch,), len(eps_list) + 1, dtype=torch.int64, device=f.device)
-        return Solution(f, f, s, s, n_iter, err, passes + len(eps_list) + 2, 0)
+        return Solution(f, f, s, s, n_iter, err, passes + len(eps_list) + 2, 0, torch.ones_like(err, dtype=torch.bool))
     for eps in eps_list[:-1]:
         f = 0.5 * (f + pen.aprox(geom.softmin_x(log_a + f / eps, eps), eps))
         passes += 1
@@ -314,12 +451,16 @@ def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optiona
     checks = _Checks(f.device, check_every)
     done = torch.zeros(batch, dtype=torch.bool, device=f.device)
     n_iter = torch.full((batch,), n_done, dtype=torch.int64, device=f.device)
+    vtest = _ValueTest(value_tol)
     it = n_done
     while True:
         s = geom.softmin_x(log_a + f / eps, eps)
         passes += 1
         f_hat = pen.aprox(s, eps)
         err = marginal_error(log_a, f, s, f_hat, eps) / mass_a
+        if value_tol is not None and (it - n_done) % WINDOW == 0:
+            value = dual_value(log_a, log_a, f_hat, f, s, pen, pen, eps)
+            done = done | (vtest.passed(value) & (err <= VALUE_SPAN * tol))
         done = done | (err <= tol)
         n_fin = checks.poll(it, max_iter, done, err, tol)
         if n_fin is not None and (n_fin == batch or it >= max_iter):
@@ -328,4 +469,4 @@ def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optiona
         f = f + half * (f_hat - f)
         n_iter += (~done).long()
         it += 1
-    return Solution(f, f, s, s, n_iter, err, passes, checks.syncs)
+    return Solution(f, f, s, s, n_iter, err, passes, checks.syncs, done)

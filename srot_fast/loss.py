@@ -65,6 +65,11 @@ class SROTLoss(nn.Module):
         tol, max_iter: Sinkhorn stopping rule (relative L1 marginal error) and cap on all updates; tol=None
             runs GeomLoss's fixed schedule instead. The value's error is second order in the marginal error
             (it is a dual objective at near-optimal potentials): at tol = 1e-3 it is typically ~1e-6 relative.
+        value_tol: a solve also stops once its value has converged to about this relative accuracy (see
+            :func:`srot_fast.sinkhorn`), which is what a loss needs: where Sinkhorn crawls (d = 64, small
+            blur) the value settles long before the marginals reach tol. The gradient's error is first order
+            in the marginal error (``last_result.marginal_error``): where accurate gradients matter more than
+            time, pass None (the marginal test alone). 'auto' (default): tol / 10.
         gamma: offset scale in cost units; None -> max_ij C(x_i, y_j) per problem and call (detached).
         detector: a fitted :class:`srot_fast.OutlierDetector`; or pass ``scores=(s_x, s_y)`` (P(target))
             to the call. Scores are detached (a one-time warning says so if they require grad).
@@ -87,7 +92,8 @@ class SROTLoss(nn.Module):
                  kernel=None, cluster_scale=None, debias: bool = True, potentials: bool = False,
                  verbose: bool = False, backend: str = "auto", *, strategy: Optional[str] = None,
                  penalty: str = "kl", mass: Optional[float] = None, tol: Optional[float] = 1e-3,
-                 max_iter: int = 1000, gamma: Optional[float] = None, detector=None, ce_floor: float = 1e-6,
+                 max_iter: int = 1000, value_tol="auto", gamma: Optional[float] = None,
+                 detector=None, ce_floor: float = 1e-6,
                  warm_start: bool = False):
         super().__init__()
         if not isinstance(loss, str):
@@ -142,6 +148,11 @@ class SROTLoss(nn.Module):
         if tol is not None:
             tol = _checks.check_positive(tol, "tol")
         max_iter = _checks.non_negative_int(max_iter, "max_iter")
+        if isinstance(value_tol, str) and value_tol == "auto":
+            value_tol = None if tol is None else tol / 10
+        elif value_tol is not None:
+            value_tol = _checks.check_positive(value_tol, "value_tol")
+        self.value_tol = value_tol
         self.debias, self.potentials, self.backend = bool(debias), bool(potentials), backend
         self.verbose = bool(verbose)
         self.strategy, self.detector = strategy, detector
@@ -232,7 +243,7 @@ class SROTLoss(nn.Module):
     def _solve(self, x, y, a, b, u, v, diam, init=None, self_transport=False):
         return _solve(x, y, a, b, p=self.p, eps=self.eps, penalty=self.penalty, tau=self.tau, mass=self.mass,
                       u=u, v=v, scaling=self.scaling, diameter=diam, tol=self.tol, max_iter=self.max_iter,
-                      backend=self._backend(x), init=init, self_transport=self_transport)
+                      backend=self._backend(x), init=init, self_transport=self_transport, value_tol=self.value_tol)
 
     def _batch(self, a, x, b, y, s_x, s_y, batched: bool):
         """Values (B,) (or potentials) of B problems (x (B, N, D), ...), solved as one batch; with

@@ -7,7 +7,7 @@ D = KL, TV, or a hard constraint (balanced, tau = inf). Dual updates
 plan pi_ij = a_i b_j exp((f_i + g_j - c'_ij)/eps), value = the dual objective
     <a, phi_a(f)> + <b, phi_b(g)> - eps (<pi, 1> - |a| |b|).
 
-The iteration (eps-scaling, then safeguarded over-relaxed alternating updates) is in
+The iteration (eps-scaling, then accelerated alternating updates) is in
 :mod:`srot_fast._loop`; it sees only ``geom.softmin_x`` / ``geom.softmin_y`` (srot_fast.geometry) and
 never branches on a backend. A leading batch dimension solves B problems as one (one kernel launch per
 pass). Gradients of the value follow the envelope theorem (never back-propagation through the
@@ -114,6 +114,8 @@ class SinkhornResult:
         n_iter: updates spent (eps-scaling included); an int, or a (B,) int64 tensor for a batch.
         marginal_error: L1 gap between the plan's marginals and those the penalty prescribes,
             relative to the mass of a (for balanced OT: |pi 1 - a|_1 / |a|); a float, or (B,) for a batch.
+        converged: whether the solve met ``tol`` or ``value_tol`` (always True with ``tol=None``); a bool,
+            or (B,) for a batch.
         row_mass (N,): mass transported from each source point, pi 1.
         col_mass (M,): mass transported to each target point, pi^T 1.
         eps, p, backend: the entropic regularisation (cost units), cost exponent and backend used.
@@ -126,6 +128,7 @@ class SinkhornResult:
     value: torch.Tensor
     n_iter: Union[int, torch.Tensor]
     marginal_error: Union[float, torch.Tensor]
+    converged: Union[bool, torch.Tensor]
     row_mass: torch.Tensor
     col_mass: torch.Tensor
     eps: float
@@ -227,23 +230,24 @@ def _penalties(penalty: str, tau) -> tuple[Penalty, Penalty]:
     raise ValueError(f"penalty must be 'balanced', 'kl' or 'tv', got {penalty!r}")
 
 
-def _check_solution(sol: _loop.Solution, tol: Optional[float], max_iter: int) -> None:
+def _check_solution(sol: _loop.Solution, tol: Optional[float], max_iter: int, value_tol: Optional[float]) -> None:
     if not (torch.isfinite(sol.f).all() and torch.isfinite(sol.g).all() and torch.isfinite(sol.marginal_error).all()):
         raise FloatingPointError(
             "Sinkhorn produced non-finite potentials; eps may be too small for this dtype "
             "(try float64 or a larger blur)")
-    if tol is not None:
-        worst = float(sol.marginal_error.max()) if sol.marginal_error.numel() else 0.0
-        if worst > tol:
-            warnings.warn(f"Sinkhorn stopped at max_iter={max_iter} with relative marginal error {worst:.2e} > "
-                          f"tol={tol:g}; raise max_iter, eps (blur) or tol", ConvergenceWarning, stacklevel=4)
+    if tol is not None and not bool(sol.converged.all()):
+        worst = float(sol.marginal_error[~sol.converged].max())
+        also = "" if value_tol is None else f" and the value had not passed value_tol={value_tol:g}"
+        warnings.warn(f"Sinkhorn stopped at max_iter={max_iter} with relative marginal error {worst:.2e} > "
+                      f"tol={tol:g}{also}; raise max_iter, eps (blur) or tol", ConvergenceWarning, stacklevel=4)
 
 
 def _empty(x, y, a, b, eps, p, name, ops, in_dtype) -> SinkhornResult:
     z = (x.sum((1, 2)) + y.sum((1, 2))) * 0
     zn, zm = a.new_zeros(0, x.shape[1]), b.new_zeros(0, y.shape[1])
     return SinkhornResult(f=zn, g=zm, value=z.to(in_dtype), n_iter=torch.zeros(0, dtype=torch.int64),
-                          marginal_error=x.new_zeros(0, dtype=torch.float64), row_mass=zn, col_mass=zm, eps=eps,
+                          marginal_error=x.new_zeros(0, dtype=torch.float64),
+                          converged=torch.zeros(0, dtype=torch.bool), row_mass=zn, col_mass=zm, eps=eps,
                           p=p, backend=name, passes=0, syncs=0,
                           _geom=Geometry(ops, x.detach(), y.detach(), p), _a=a.detach(), _b=b.detach(), _batched=True)
 
@@ -270,6 +274,7 @@ def sinkhorn(
     init: Optional[tuple] = None,
     accelerate: bool = True,
     check_every: Optional[int] = None,
+    value_tol: Optional[float] = None,
 ) -> SinkhornResult:
     r"""Entropic (unbalanced / partial) OT between sum_i a_i delta_{x_i} and sum_j b_j delta_{y_j}.
 
@@ -296,10 +301,15 @@ def sinkhorn(
         backend: 'auto' | 'tensorized' | 'cpu' | 'keops' | 'triton' (see srot_fast.backends).
         init: optional warm start (f0, g0) shaped like the potentials, e.g. those of a previous, nearby
             problem (gradient flows); skips eps-scaling.
-        accelerate: adaptive, safeguarded over-relaxation of the updates at the target eps (see
+        accelerate: safeguarded Anderson acceleration of the updates (over-relaxation for partial OT; see
             srot_fast._loop); False gives plain alternating Sinkhorn updates.
         check_every: updates between two host checks of the stopping test (default: every update on
             the CPU, adaptive on CUDA, where each check is a device synchronisation).
+        value_tol: also stop a problem when its value has converged to about this relative accuracy and
+            its marginal error is <= 100 tol: the dual objective is read every 8 updates, and the problem
+            stops when the geometric tail of its rises, d_k r / (1 - r) with r = d_k / d_{k-1}, is
+            <= value_tol |value| (a heuristic estimate, docs/DESIGN.md, Solver).
+            None (default): the marginal test alone. ``SROTLoss`` uses 1e-4.
 
     Returns:
         :class:`SinkhornResult` (potentials, differentiable value, n_iter, marginal error, masses).
@@ -313,12 +323,12 @@ def sinkhorn(
     eps = _checks.check_positive(0.05**p if eps is None else eps, "eps")
     return _solve(x, y, a, b, p=p, eps=eps, penalty=penalty, tau=tau, mass=mass, u=u, v=v, scaling=scaling,
                   diameter=diameter, tol=tol, max_iter=max_iter, backend=backend, init=init,
-                  accelerate=accelerate, check_every=check_every)
+                  accelerate=accelerate, check_every=check_every, value_tol=value_tol)
 
 
 def _solve(x, y, a=None, b=None, *, p, eps, penalty="balanced", tau=None, mass=None, u=None, v=None,
            scaling=0.5, diameter=None, tol=1e-4, max_iter=1000, backend="auto", init=None, accelerate=True,
-           check_every=None, self_transport=False) -> SinkhornResult:
+           check_every=None, self_transport=False, value_tol=None) -> SinkhornResult:
     """:func:`sinkhorn` after its scalar checks; ``self_transport=True`` (x is y, a is b, u is v) takes the
     symmetric loop. ``diameter`` may be 0 here (identical clouds)."""
     batched = torch.is_tensor(x) and x.dim() == 3
@@ -339,6 +349,8 @@ def _solve(x, y, a=None, b=None, *, p, eps, penalty="balanced", tau=None, mass=N
         raise ValueError(f"scaling must be in (0, 1), got {scaling}")
     if tol is not None:
         tol = _checks.check_positive(tol, "tol")
+    if value_tol is not None:
+        value_tol = _checks.check_positive(value_tol, "value_tol")
     max_iter = _checks.non_negative_int(max_iter, "max_iter")
     check_every = _checks.positive_int(check_every, "check_every", allow_none=True)
     pen_a, pen_b = _penalties(penalty, tau)
@@ -389,7 +401,7 @@ def _solve(x, y, a=None, b=None, *, p, eps, penalty="balanced", tau=None, mass=N
             if init is not None:  # dummy potentials start at 0
                 init = tuple(torch.cat([t, t.new_zeros(t.shape[0], 1)], -1) for t in init)
             sol = _loop.alternating(PartialGeometry(geom, mass), aa.log(), bb.log(), pen_a, pen_b, eps_list, tol,
-                                    max_iter, init, accelerate, check_every)
+                                    max_iter, init, accelerate, check_every, value_tol=value_tol)
             f, g = sol.f[:, :-1], sol.g[:, :-1]
             s_real = geom.softmin_x(bd.log() + g / eps, eps)
             t_real = geom.softmin_y(ad.log() + f / eps, eps)
@@ -411,17 +423,18 @@ def _solve(x, y, a=None, b=None, *, p, eps, penalty="balanced", tau=None, mass=N
                         f"balanced OT needs a and b of equal total mass, got {float(mass_a[k]):.6g} and "
                         f"{float(mass_b[k]):.6g}; normalise them or use penalty='kl'/'tv'")
             if self_transport:
-                sol = _loop.symmetric(geom, ad.log(), pen_a, eps_list, tol, max_iter, init, check_every)
+                sol = _loop.symmetric(geom, ad.log(), pen_a, eps_list, tol, max_iter, init, check_every,
+                                      value_tol=value_tol)
             else:
                 sol = _loop.alternating(geom, ad.log(), bd.log(), pen_a, pen_b, eps_list, tol, max_iter, init,
-                                        accelerate, check_every)
+                                        accelerate, check_every, value_tol=value_tol)
             value, ga, gb = _dual_value(ad, bd, sol.f, sol.g, sol.s, sol.t, pen_a, pen_b, eps)
             if tol is None:
                 value = _schedule_value(ad, bd, sol.f, sol.g, pen_a, pen_b, eps)
             f, g, s_real, t_real = sol.f, sol.g, sol.s, sol.t
             f_hat, g_hat = pen_a.aprox(sol.s, eps), pen_b.aprox(sol.t, eps)
             passes = sol.passes
-        _check_solution(sol, tol, max_iter)
+        _check_solution(sol, tol, max_iter, value_tol)
         row_mass = _checks.masses(ad, f, s_real, eps)
         col_mass = _checks.masses(bd, g, t_real, eps)
         # Point / offset gradients: the x-side uses f_hat, the exact update of f for the final g (and the y-side
@@ -438,6 +451,7 @@ def _solve(x, y, a=None, b=None, *, p, eps, penalty="balanced", tau=None, mass=N
     n_iter = sol.n_iter if batched else int(sol.n_iter[0])
     err = sol.marginal_error if batched else float(sol.marginal_error[0])
     one = (lambda t: t) if batched else (lambda t: t[0])
-    return SinkhornResult(f=one(f), g=one(g), value=one(value), n_iter=n_iter, marginal_error=err,
+    conv = sol.converged if batched else bool(sol.converged[0])
+    return SinkhornResult(f=one(f), g=one(g), value=one(value), n_iter=n_iter, marginal_error=err, converged=conv,
                           row_mass=one(row_mass), col_mass=one(col_mass), eps=eps, p=p, backend=name,
                           passes=passes, syncs=sol.syncs, _geom=geom, _a=ad, _b=bd, _batched=batched)

@@ -58,14 +58,14 @@ def test_accelerated_reaches_the_same_fixed_point(problem, p):
 
 @pytest.mark.parametrize("problem", ["balanced", "kl", "tv"])
 def test_acceleration_pays_where_sinkhorn_crawls(problem):
-    """p = 2, blur 0.05 on two unit Gaussians one apart: plain updates crawl (thousands); the adaptive
-    over-relaxation needs several times fewer. Margin: at least 2.5x (measured 3.5-5x)."""
+    """p = 2, blur 0.05 on two unit Gaussians one apart: plain updates crawl (thousands); Anderson acceleration
+    needs several times fewer. Margin: at least 4x (measured 10x balanced, 8.1x KL, 5.1x TV)."""
     x, y = _gaussians(400)
     kw = dict(p=2, eps=0.05**2, max_iter=20000, backend="cpu", **PROBLEMS[problem])
     plain = sinkhorn(x, y, accelerate=False, **kw)
     fast = sinkhorn(x, y, **kw)
     assert plain.n_iter > 500
-    assert fast.n_iter * 2.5 <= plain.n_iter
+    assert fast.n_iter * 4 <= plain.n_iter
     assert float(fast.value) == pytest.approx(float(plain.value), rel=1e-5)
 
 
@@ -170,8 +170,9 @@ def test_batched_loss_keeps_every_problems_diagnostics():
     loss = SROTLoss(p=2, blur=0.1)
     loss(A, X, B, Y)
     res = loss.last_result
-    assert res.n_iter.shape == (3,) and res.marginal_error.shape == (3,)
-    assert bool((res.marginal_error <= loss.tol).all())
+    assert res.n_iter.shape == (3,) and res.marginal_error.shape == (3,) and res.converged.shape == (3,)
+    # every problem stopped on its marginal error (tol) or on its value (value_tol = tol / 10 by default)
+    assert bool(res.converged.all())
 
 
 def test_batched_kernel_calls_are_one_per_pass(monkeypatch):
