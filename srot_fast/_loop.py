@@ -45,14 +45,24 @@ class Solution:
     syncs: int                    # host synchronisations spent on the stopping test
 
 
-def marginal_error(log_a: torch.Tensor, f, s, f_hat, eps: float) -> torch.Tensor:
+def _local_sum(t: torch.Tensor) -> torch.Tensor:
+    return t.sum(-1)
+
+
+def _point_sum(geom):
+    """The sum over the point axis (-1) of (B, N) tensors: the geometry's ``point_sum`` when it has one (a
+    sharded geometry all-reduces it, srot_fast.distributed), else the local sum."""
+    return getattr(geom, "point_sum", None) or _local_sum
+
+
+def marginal_error(log_a: torch.Tensor, f, s, f_hat, eps: float, point_sum=_local_sum) -> torch.Tensor:
     r"""(B,) sum_i a_i |exp((f_i - s_i)/eps) - exp((f_hat_i - s_i)/eps)|: L1 gap between the plan's row marginal
     and the one the penalty prescribes (|pi 1 - a| when balanced). Computed in float64 from log-weights,
     so it does not overflow where float32 exponentials would."""
     la = log_a.double()
     d1 = la + (f - s).double() / eps
     d2 = la + (f_hat - s).double() / eps
-    return (d1.exp() - d2.exp()).abs().nan_to_num(nan=0.0).sum(-1)
+    return point_sum((d1.exp() - d2.exp()).abs().nan_to_num(nan=0.0))
 
 
 def epsilon_schedule(p: int, diam: float, blur: float, scaling: float) -> list[float]:
@@ -184,7 +194,8 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     (eps-scaling, then one simultaneous extrapolation step). ``init=(f0, g0)`` skips eps-scaling."""
     batch = log_a.shape[0]
     passes = 0
-    mass_a = log_a.double().exp().sum(-1)
+    psum = _point_sum(geom)
+    mass_a = psum(log_a.double().exp())
     if init is not None:
         eps = eps_list[-1]
         f, g = init
@@ -222,7 +233,7 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         f, g = pen_a.aprox(s, eps), pen_b.aprox(t, eps)
         s, t = geom.softmin_x(log_b + g / eps, eps), geom.softmin_y(log_a + f / eps, eps)
         passes += 3
-        err = marginal_error(log_a, f, s, pen_a.aprox(s, eps), eps) / mass_a
+        err = marginal_error(log_a, f, s, pen_a.aprox(s, eps), eps, psum) / mass_a
         n_iter = torch.full((batch,), n_done + 1, dtype=torch.int64, device=f.device)
         return Solution(f, g, s, t, n_iter, err, passes, 0)
 
@@ -237,7 +248,7 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     steps = 0  # updates at the target eps (windows are counted in these)
     while True:
         f_hat = pen_a.aprox(s, eps)
-        err = marginal_error(log_a, f, s, f_hat, eps) / mass_a
+        err = marginal_error(log_a, f, s, f_hat, eps, psum) / mass_a
         done = done | (err <= tol)
         n_fin = checks.poll(it, max_iter, done, err, tol)
         if n_fin is not None:
@@ -288,7 +299,8 @@ def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optiona
     cancels the oscillating constant mode of the symmetric map, and the slow modes of the plain
     map contract by (1 - lambda) / 2 instead of lambda."""
     batch = log_a.shape[0]
-    mass_a = log_a.double().exp().sum(-1)
+    psum = _point_sum(geom)
+    mass_a = psum(log_a.double().exp())
     passes = 0
     if init is not None:
         eps_list = eps_list[-1:]
@@ -303,7 +315,7 @@ def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optiona
             f = 0.5 * (f + pen.aprox(geom.softmin_x(log_a + f / eps, eps), eps))
         f = pen.aprox(geom.softmin_x(log_a + f / eps, eps), eps)
         s = geom.softmin_x(log_a + f / eps, eps)
-        err = marginal_error(log_a, f, s, pen.aprox(s, eps), eps) / mass_a
+        err = marginal_error(log_a, f, s, pen.aprox(s, eps), eps, psum) / mass_a
         n_iter = torch.full((batch,), len(eps_list) + 1, dtype=torch.int64, device=f.device)
         return Solution(f, f, s, s, n_iter, err, passes + len(eps_list) + 2, 0)
     for eps in eps_list[:-1]:
@@ -319,7 +331,7 @@ def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optiona
         s = geom.softmin_x(log_a + f / eps, eps)
         passes += 1
         f_hat = pen.aprox(s, eps)
-        err = marginal_error(log_a, f, s, f_hat, eps) / mass_a
+        err = marginal_error(log_a, f, s, f_hat, eps, psum) / mass_a
         done = done | (err <= tol)
         n_fin = checks.poll(it, max_iter, done, err, tol)
         if n_fin is not None and (n_fin == batch or it >= max_iter):
