@@ -128,7 +128,7 @@ class Side:
         self.comm, self.pts, self.mode = comm, pts, mode
         self.sizes = sizes if sizes is not None else [r[0] for r in comm.gather_ints([pts.shape[-2]])]
         self.others = None  # (B, sum of the other shards' sizes, D) in rank order ('gather')
-        if mode == "gather" and comm.world > 1:
+        if mode == "gather" and comm.world > 1 and self.total > 0:
             self.others = self._gather_others(pts)
 
     @property
@@ -162,7 +162,7 @@ class Side:
         this rank's column log-weights ``h`` (B, n_r). The next block's communication runs while the consumer
         works on the current one. Consume it fully on every rank (it drives collectives)."""
         comm = self.comm
-        if comm.world == 1:
+        if comm.world == 1 or self.total == 0:
             yield self.pts, h
             return
         if self.mode == "gather":

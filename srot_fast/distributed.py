@@ -215,6 +215,7 @@ def sinkhorn(
         out = dict(x=xs, y=ys, a=_weights(a, xs, "a"), b=_weights(b, ys, "b"),
                    u=_checks.check_offsets(u, xs, "u"), v=_checks.check_offsets(v, ys, "v"), p=p_, eps=eps_)
         _scalar_checks(penalty, tau, mass, scaling, tol, max_iter, check_every, diameter)
+        resolve_backend(backend, xs.shape[0], ys.shape[0], xs.device)  # this rank can run it
         if init is not None:
             if not (isinstance(init, (tuple, list)) and len(init) == 2):
                 raise TypeError("init must be a pair (f0, g0) of this rank's potentials")
@@ -512,8 +513,9 @@ class SROTLoss(_loss.SROTLoss):
             s_x = s_y = None
             if self.strategy is not None or scores is not None:
                 s_x, s_y = self._scores(x[None], y[None], scores)
-                s_x = None if s_x is None else s_x[0]
-                s_y = None if s_y is None else s_y[0]
+                s_x = None if s_x is None else _checks.check_probabilities(s_x[0], "scores[0]")
+                s_y = None if s_y is None else _checks.check_probabilities(s_y[0], "scores[1]")
+            resolve_backend(self._backend(x), x.shape[0], y.shape[0], x.device)  # this rank can run it
             key = dict(self._key(), dtype=str(x.dtype), dim=x.shape[-1], given=[a is not None, b is not None],
                        grad=[t is not None and t.requires_grad for t in (x, y, a, b)], scores=scores is not None)
             return dict(x=x, y=y, a=a, b=b, s_x=s_x, s_y=s_y, key=key)
