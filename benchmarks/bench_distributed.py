@@ -47,10 +47,10 @@ def _single(args) -> dict:
     torch.set_num_threads(1)
     x, y = _problem(args.n, args.n, args.d)
     srot_fast.sinkhorn(x[:256], y[:256], **_solve_kwargs(args))  # loads the compiled kernel
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     res = srot_fast.sinkhorn(x, y, **_solve_kwargs(args))
-    wall = time.perf_counter() - t0
-    return dict(wall_s=wall, passes=res.passes, s_per_pass=wall / res.passes, value=float(res.value))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return dict(wall_s=wall, cpu_s=cpu, passes=res.passes, s_per_pass=wall / res.passes, value=float(res.value))
 
 
 def _median_time(fn, reps: int) -> float:
@@ -104,11 +104,13 @@ def _worker(rank: int, world: int, port: int, args, path: str) -> None:
     out = {}
     for mode in args.modes.split(","):
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         res = sd.sinkhorn(xs, ys, mode=mode, **_solve_kwargs(args))
+        cpu = time.process_time() - c0
         dist.barrier()
         wall = time.perf_counter() - t0
-        out[mode] = dict(wall_s=wall, passes=res.passes, s_per_pass=wall / res.passes, value=float(res.value))
+        out[mode] = dict(wall_s=wall, cpu_s=cpu, passes=res.passes, s_per_pass=wall / res.passes,
+                         value=float(res.value))
     # local compute of one row and one column pass, both ranks at once (same contention as in the solve)
     ops = get_ops("cpu")
     eps = args.blur**args.p
@@ -118,7 +120,9 @@ def _worker(rank: int, world: int, port: int, args, path: str) -> None:
         ops.softmin(xs[None], y[None], h_y, eps, args.p)
         ops.softmin(ys[None], x[None], h_x, eps, args.p)
     dist.barrier()
+    c0 = time.process_time()
     local_s = _median_time(local, args.local_reps) / 2
+    local_cpu_s = (time.process_time() - c0) / (2 * args.local_reps)
     h_local = torch.randn(1, ys.shape[0])
     parts = [torch.empty_like(h_local) for _ in range(world)]
     dist.barrier()
@@ -126,6 +130,7 @@ def _worker(rank: int, world: int, port: int, args, path: str) -> None:
     comm = _comm_figures(rank, world, 20)
     results = [None] * world
     dist.all_gather_object(results, dict(rank=rank, n_local=xs.shape[0], sharded=out, local_compute_s_per_pass=local_s,
+                                         local_compute_cpu_s_per_pass=local_cpu_s,
                                          all_gather_h_s=gather_h_s, comm=comm))
     if rank == 0:
         Path(path).write_text(json.dumps(results))
@@ -164,12 +169,18 @@ def main() -> None:
         for mode, r in ranks[0]["sharded"].items():
             slow = max(rr["sharded"][mode]["s_per_pass"] for rr in ranks)
             local = max(rr["local_compute_s_per_pass"] for rr in ranks)
+            cpu_pass = max(rr["sharded"][mode]["cpu_s"] / rr["sharded"][mode]["passes"] for rr in ranks)
+            local_cpu = max(rr["local_compute_cpu_s_per_pass"] for rr in ranks)
+            print(f"[{k}] CPU s per pass: sharded {cpu_pass:.3f}, local compute {local_cpu:.3f} "
+                  f"(ratio {cpu_pass / local_cpu:.3f}); single {single['cpu_s'] / single['passes']:.3f}", flush=True)
             print(f"[{k}] {args.world} ranks x 1 thread ({mode}): {r['wall_s']:.2f} s, {r['passes']} passes, "
                   f"{slow:.3f} s/pass (local compute {local:.3f} s/pass, ratio {slow / local:.3f}), "
-                  f"speed-up {single['wall_s'] / r['wall_s']:.2f}x, value {r['value']:.6f}", flush=True)
+                  f"speed-up {single['wall_s'] / r['wall_s']:.2f}x, CPU s of the ranks "
+                  f"{[round(rr['sharded'][mode]['cpu_s'], 1) for rr in ranks]} (single {single['cpu_s']:.1f}), "
+                  f"value {r['value']:.6f}", flush=True)
         runs.append(dict(single=single, ranks=ranks))
     record = dict(args=vars(args), machine=dict(platform=platform.platform(), cpus=os.cpu_count(),
-                                                torch=torch.__version__, load=os.getloadavg()),
+                                                torch=torch.__version__, load_at_end=os.getloadavg()),
                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), runs=runs)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
