@@ -595,15 +595,15 @@ def _compute_cast(t: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------- example: a 2-D flow
-def _flow(rank: int, world: int, args) -> None:
-    """One rank of the sharded 2-D gradient flow: the particles beta (``args.n`` in all) follow the gradient of
+def _flow(rank: int, world: int, args) -> list:
+    """One rank of the sharded 2-D gradient flow: the particles beta (``args.points`` in all) follow the gradient of
     the (unbalanced) OT loss towards a mixture of four Gaussians alpha; each rank holds its shard of both clouds
-    and moves its own particles. Rank 0 prints the loss."""
+    and moves its own particles. Rank 0 prints the loss; returns the losses (every rank)."""
     import time
 
     torch.manual_seed(args.seed)
     dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    n = args.n
+    n = args.points
     centers = torch.tensor([[2.0, 2.0], [-2.0, 2.0], [-2.0, -2.0], [2.0, -2.0]])
     alpha = centers[torch.randint(0, 4, (n,))] + 0.4 * torch.randn(n, 2)
     beta = torch.randn(n, 2) * 0.5
@@ -614,16 +614,19 @@ def _flow(rank: int, world: int, args) -> None:
     loss = SROTLoss(p=2, blur=args.blur, reach=reach, debias=False, warm_start=True, backend=args.backend,
                     mode=args.mode)
     start = time.perf_counter()
+    values = []
     for step in range(args.steps + 1):
         y = y.detach().requires_grad_()
         value = loss(x, y)
         value.backward()
+        values.append(value.item())
         if rank == 0 and (step % max(args.steps // 10, 1) == 0 or step == args.steps):
             res = loss.last_result
             print(f"step {step:4d}  OT {float(value.detach()):.5f}  updates {res.n_iter:4d}  {res.mode} on "
                   f"{world} rank(s), {res.backend}, {time.perf_counter() - start:7.2f} s", flush=True)
         if step < args.steps:
             y = y - args.lr * n * y.grad  # n * grad_j = b_j^-1 grad_j: the flow's velocity of particle j
+    return values
 
 
 def _spawned(rank: int, world: int, port: int, args) -> None:
@@ -654,7 +657,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m srot_fast.distributed", description=main.__doc__)
     ap.add_argument("--nproc", type=int, default=2, help="gloo ranks to spawn when not under torchrun")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per spawned rank")
-    ap.add_argument("--n", type=int, default=4000, help="points per cloud, over all ranks")
+    ap.add_argument("--points", type=int, default=4000, help="points per cloud, over all ranks")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--lr", type=float, default=0.5)
     ap.add_argument("--blur", type=float, default=0.1)

@@ -208,7 +208,18 @@ def _worker_2(rank, world, port):
     _check_losses(rank, cuts_x, cuts_y, ("gather",), LOSSES[::2])
     _check_losses(rank, cuts_x, cuts_y, ("ring",), LOSSES[1::2])
     _check_errors(rank, world, bad_rank=1)
+    _check_flow_example(rank, world)
     dist.destroy_process_group()
+
+
+def _check_flow_example(rank, world):
+    """The example of ``python -m srot_fast.distributed`` runs and its loss decreases."""
+    import argparse
+
+    args = argparse.Namespace(points=300, steps=3, lr=0.5, blur=0.1, reach=1.0, mode="ring", backend="auto",
+                              seed=0)
+    values = sd._flow(rank, world, args)
+    assert all(b < a for a, b in zip(values, values[1:])), values
 
 
 def _worker_3(rank, world, port):
