@@ -3,8 +3,9 @@
 Each spawn runs many checks (process start-up dominates): every rank solves the whole problem single-process
 (srot_fast.sinkhorn / SROTLoss, the reference) and its own shards with srot_fast.distributed, and compares
 values, potentials, masses, iteration counts and the gradients of its own points, weights and offsets,
-in float64 to 1e-10 (absolute and relative). Shards are uneven; with 3 ranks one rank holds no point at all.
-A rank that gets bad input must make every rank raise the same error. A hang fails the test after TIMEOUT s.
+in float64 to 1e-10 (absolute and relative). Shards are uneven; with 3 ranks one rank holds no point at all,
+and two of the three also solve on a subgroup (group=). A rank that gets bad input must make every rank raise
+the same error. The 2-D flow example runs on 2 ranks. A hang fails the test after TIMEOUT s.
 """
 from __future__ import annotations
 
@@ -222,6 +223,23 @@ def _check_flow_example(rank, world):
     assert all(b < a for a, b in zip(values, values[1:])), values
 
 
+def _check_subgroup(rank):
+    """group=: ranks 0 and 2 of the 3 solve on their own (ring steps address global ranks 0 and 2)."""
+    sub = dist.new_group([0, 2])  # every rank must take part in creating it
+    if rank == 1:
+        return
+    x, y, a, b, u, v, _, _ = _data(30, 26, seed=4)
+    sx, sy = (slice(0, 12), slice(0, 9)) if rank == 0 else (slice(12, 30), slice(9, 26))
+    kw = dict(p=1, eps=0.05, penalty="kl", tau=0.5, tol=1e-3)
+    ref = srot_fast.sinkhorn(x, y, a, b, u=u, v=v, **kw)
+    for mode in ("ring", "gather"):
+        res = sd.sinkhorn(x[sx], y[sy], a[sx], b[sy], u=u[sx], v=v[sy], group=sub, mode=mode, **kw)
+        assert res.world_size == 2 and res.rank == (0 if rank == 0 else 1)
+        _close(res.value, ref.value, f"rank {rank}, subgroup, {mode}, value")
+        _close(res.f, ref.f[sx], f"rank {rank}, subgroup, {mode}, f")
+        _close(res.g, ref.g[sy], f"rank {rank}, subgroup, {mode}, g")
+
+
 def _worker_3(rank, world, port):
     _init(rank, world, port)
     cuts_x, cuts_y = [0, 20, 20, 45], [0, 14, 14, 41]  # rank 1 holds no point
@@ -230,6 +248,7 @@ def _worker_3(rank, world, port):
     _check_losses(rank, cuts_x, cuts_y, ("gather",), LOSSES[4:])
     _check_warm_start(rank, cuts_x, cuts_y, "gather")
     _check_errors(rank, world, bad_rank=2)
+    _check_subgroup(rank)
     dist.destroy_process_group()
 
 
