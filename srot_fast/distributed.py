@@ -223,8 +223,9 @@ def sinkhorn(
         else:
             out["init"] = None
         full = dict(key, dtype=str(xs.dtype), dim=xs.shape[-1], device=xs.device.type,
-                    grad=[t is not None and t.requires_grad for t in (xs, ys, a, b, u, v)],
-                    given=[t is not None for t in (a, b, u, v, init)])
+                    **{"requires_grad of (x, y, a, b, u, v)": [t is not None and t.requires_grad
+                                                                for t in (xs, ys, a, b, u, v)],
+                       "given (a, b, u, v, init)": [t is not None for t in (a, b, u, v, init)]})
         out["key"] = full
         return out
 
@@ -516,8 +517,9 @@ class SROTLoss(_loss.SROTLoss):
                 s_x = None if s_x is None else _checks.check_probabilities(s_x[0], "scores[0]")
                 s_y = None if s_y is None else _checks.check_probabilities(s_y[0], "scores[1]")
             resolve_backend(self._backend(x), x.shape[0], y.shape[0], x.device)  # this rank can run it
-            key = dict(self._key(), dtype=str(x.dtype), dim=x.shape[-1], given=[a is not None, b is not None],
-                       grad=[t is not None and t.requires_grad for t in (x, y, a, b)], scores=scores is not None)
+            key = dict(self._key(), dtype=str(x.dtype), dim=x.shape[-1], scores=scores is not None,
+                       **{"given (a, b)": [a is not None, b is not None],
+                          "requires_grad of (x, y, a, b)": [t is not None and t.requires_grad for t in (x, y, a, b)]})
             return dict(x=x, y=y, a=a, b=b, s_x=s_x, s_y=s_y, key=key)
 
         args_, rows = comm.agree(check, lambda o: [o["x"].shape[0], o["y"].shape[0], _checksum(o["key"])], 3)

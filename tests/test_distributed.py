@@ -187,6 +187,10 @@ def _check_errors(rank, world, bad_rank):
     eps = 0.2 if rank == bad_rank else 0.1
     _expect_same_error(rank, world, lambda: sd.sinkhorn(xs, ys, eps=eps), ValueError,
                        f"eps is 0.1 on rank 0 but 0.2 on rank {bad_rank}")
+    xg = xs.clone().requires_grad_(rank == bad_rank)  # backward would be a collective on one rank only
+    _expect_same_error(rank, world, lambda: sd.SROTLoss()(xg, ys), ValueError,
+                       f"requires_grad of (x, y, a, b) is [False, False, False, False] on rank 0 but "
+                       f"[True, False, False, False] on rank {bad_rank}")
     _expect_same_error(rank, world, lambda: sd.SROTLoss(strategy="hard")(xs, ys), ValueError,
                        "needs a fitted detector")
     s_x, s_y = torch.full((6,), 0.9, dtype=x.dtype), torch.full((5,), 0.9, dtype=x.dtype)  # every source point flagged
