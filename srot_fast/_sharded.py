@@ -12,7 +12,7 @@ exp(LSE_k - LSE)). The shards reach the other ranks in one of two ways (:class:`
 - ``"gather"``: every rank keeps a copy of the other ranks' points (gathered once); a pass then moves only
   the log-weights h (M floats), by an asynchronous all-gather that runs while the local block is computed.
 - ``"ring"``: the shards (points and h) travel around the ring of ranks, W - 1 steps per pass; at each step
-  the next shard is sent / received (``isend`` / ``irecv``) while the current one is computed. Memory stays
+  the next shard is sent / received (one ``batch_isend_irecv``) while the current one is computed. Memory stays
   O((N_r + max_k M_k) D) per rank.
 
 Sums over points (masses, marginal errors, the dual value) are all-reduced by :meth:`ShardedGeometry.point_sum`,
@@ -178,14 +178,16 @@ class Side:
         cur = torch.cat([self.pts.reshape(-1), h.reshape(-1)]) if self.pts.shape[1] else None
         owner = comm.rank
         for step in range(comm.world):
-            reqs, buf = [], None
+            ops, reqs, buf = [], [], None
             if step < comm.world - 1:
                 incoming = (owner - 1) % comm.world
                 if self.sizes[owner] > 0:
-                    reqs.append(dist.isend(cur, nxt, group=comm.group, tag=step))
+                    ops.append(dist.P2POp(dist.isend, cur, nxt, comm.group, step))
                 if self.sizes[incoming] > 0:
                     buf = self.pts.new_empty(B * self.sizes[incoming] * (D + 1))
-                    reqs.append(dist.irecv(buf, prv, group=comm.group, tag=step))
+                    ops.append(dist.P2POp(dist.irecv, buf, prv, comm.group, step))
+                if ops:  # one batch: NCCL would deadlock on a send and a receive issued one after the other
+                    reqs = dist.batch_isend_irecv(ops)
             if cur is not None:
                 m = self.sizes[owner]
                 yield cur[:B * m * D].reshape(B, m, D), cur[B * m * D:].reshape(B, m)
