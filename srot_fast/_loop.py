@@ -47,25 +47,49 @@ class Solution:
     converged: torch.Tensor       # (B,) bool: the problem met tol or value_tol
 
 
-def marginal_error(log_a: torch.Tensor, f, s, f_hat, eps: float) -> torch.Tensor:
+def _local_sum(t: torch.Tensor) -> torch.Tensor:
+    return t.sum(-1)
+
+
+def _identity(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _rank_sum(geom):
+    """Completes sums over points already taken on this shard: summed over the ranks of a sharded geometry
+    (its ``comm``, srot_fast.distributed), the identity otherwise."""
+    comm = getattr(geom, "comm", None)
+    return comm.sum if comm is not None else _identity
+
+
+def _point_sum(geom):
+    """The sum over the point axis (-1) of (B, N) tensors: the geometry's ``point_sum`` when it has one (a
+    sharded geometry all-reduces it, srot_fast.distributed), else the local sum."""
+    return getattr(geom, "point_sum", None) or _local_sum
+
+
+def marginal_error(log_a: torch.Tensor, f, s, f_hat, eps: float, point_sum=_local_sum) -> torch.Tensor:
     r"""(B,) sum_i a_i |exp((f_i - s_i)/eps) - exp((f_hat_i - s_i)/eps)|: L1 gap between the plan's row marginal
     and the one the penalty prescribes (|pi 1 - a| when balanced). Computed in float64 from log-weights,
     so it does not overflow where float32 exponentials would."""
     la = log_a.double()
     d1 = la + (f - s).double() / eps
     d2 = la + (f_hat - s).double() / eps
-    return (d1.exp() - d2.exp()).abs().nan_to_num(nan=0.0).sum(-1)
+    return point_sum((d1.exp() - d2.exp()).abs().nan_to_num(nan=0.0))
 
 
-def dual_value(log_a, log_b, f_hat, g, s, pen_a: Penalty, pen_b: Penalty, eps: float) -> torch.Tensor:
+def dual_value(log_a, log_b, f_hat, g, s, pen_a: Penalty, pen_b: Penalty, eps: float,
+               point_sum=_local_sum) -> torch.Tensor:
     r"""(B,) float64 dual objective at (f_hat, g), f_hat = A_a(s) the exact row update for g (s = S_x(g)):
     <a, phi_a(f_hat)> + <b, phi_b(g)> - eps (<pi, 1> - |a| |b|). Zero weights contribute nothing."""
     a, b = log_a.double().exp(), log_b.double().exp()
     fh, gd = f_hat.double(), g.double()
-    plan = (a * ((fh - s.double()) / eps).exp()).nan_to_num(nan=0.0).sum(-1)
-    side_a = (a * pen_a.phi(fh)).nan_to_num(nan=0.0).sum(-1)
-    side_b = (b * pen_b.phi(gd)).nan_to_num(nan=0.0).sum(-1)
-    return side_a + side_b - eps * (plan - a.sum(-1) * b.sum(-1))
+    rows = torch.stack([(a * ((fh - s.double()) / eps).exp()).nan_to_num(nan=0.0),
+                        (a * pen_a.phi(fh)).nan_to_num(nan=0.0), a])
+    plan, side_a, mass_a = point_sum(rows).unbind(0)  # one reduction for the three row sums
+    cols = torch.stack([(b * pen_b.phi(gd)).nan_to_num(nan=0.0), b])
+    side_b, mass_b = point_sum(cols).unbind(0)
+    return side_a + side_b - eps * (plan - mass_a * mass_b)
 
 
 class _ValueTest:
@@ -212,9 +236,11 @@ class _Anderson:
     that problem's history restarts. f is always the exact update A_a(S_x(g)). Residuals count on points of
     positive weight only (``mask`` (B, M)), so zero-weight padding changes nothing."""
 
-    def __init__(self, batch: int, like: torch.Tensor, mask: torch.Tensor, depth: int = DEPTH):
+    def __init__(self, batch: int, like: torch.Tensor, mask: torch.Tensor, depth: int = DEPTH,
+                 rank_sum=_identity):
         self.enabled = True
         self.depth = depth
+        self.rank_sum = rank_sum  # completes this shard's sums over points (see _rank_sum)
         self.mask = mask.double()
         self.images: list = []   # T(g_i), (B, M) each
         self.resid: list = []    # r_i
@@ -223,7 +249,7 @@ class _Anderson:
         self.undone = None
 
     def subset(self, idx: torch.Tensor) -> "_Anderson":
-        out = _Anderson(int(idx.numel()), self.best, self.mask[idx], self.depth)
+        out = _Anderson(int(idx.numel()), self.best, self.mask[idx], self.depth, self.rank_sum)
         out.images, out.resid = [t[idx] for t in self.images], [t[idx] for t in self.resid]
         out.valid, out.best = self.valid[idx], self.best[idx]
         return out
@@ -254,13 +280,15 @@ class _Anderson:
         dR = torch.stack([b - a for a, b in zip(self.resid[:-1], self.resid[1:])], -1).double()
         dR = dR * keep[:, None] * self.mask[..., None]
         dG = torch.stack([b - a for a, b in zip(self.images[:-1], self.images[1:])], -1).double() * keep[:, None]
-        gram = dR.transpose(-1, -2) @ dR  # (B, k, k)
+        rhs = (self.resid[-1].double() * self.mask)[..., None]
+        normal = self.rank_sum(dR.transpose(-1, -2) @ torch.cat([dR, rhs], -1))  # (B, k, k + 1): [gram | dR^T r]
+        gram, rhs = normal[..., :k], normal[..., k:]
         reg = 1e-10 * gram.diagonal(dim1=-2, dim2=-1).mean(-1) + 1e-300
         gram = gram + reg[:, None, None] * torch.eye(k, dtype=gram.dtype, device=g.device)
         # solve_ex: no error check, hence no host synchronisation on CUDA (a failed solve is caught below)
-        gamma = torch.linalg.solve_ex(gram, dR.transpose(-1, -2) @ (self.resid[-1].double() * self.mask)[..., None])[0]
+        gamma = torch.linalg.solve_ex(gram, rhs)[0]
         g_new = (g_hat.double() - (dG @ gamma)[..., 0]).to(g.dtype)
-        ok = ~bad & torch.isfinite(g_new).all(-1)
+        ok = ~bad & (self.rank_sum((~torch.isfinite(g_new)).sum(-1).double()) == 0)
         return torch.where(done[:, None], g, torch.where(ok[:, None], g_new, g_hat))
 
 
@@ -314,7 +342,8 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     extrapolation step). ``init=(f0, g0)`` skips eps-scaling."""
     batch = log_a.shape[0]
     passes = 0
-    mass_a = log_a.double().exp().sum(-1)
+    psum = _point_sum(geom)
+    mass_a = psum(log_a.double().exp())
     if init is not None:
         eps = eps_list[-1]
         f, g = init
@@ -352,12 +381,12 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         f, g = pen_a.aprox(s, eps), pen_b.aprox(t, eps)
         s, t = geom.softmin_x(log_b + g / eps, eps), geom.softmin_y(log_a + f / eps, eps)
         passes += 3
-        err = marginal_error(log_a, f, s, pen_a.aprox(s, eps), eps) / mass_a
+        err = marginal_error(log_a, f, s, pen_a.aprox(s, eps), eps, psum) / mass_a
         n_iter = torch.full((batch,), n_done + 1, dtype=torch.int64, device=f.device)
         return Solution(f, g, s, t, n_iter, err, passes, 0, torch.ones_like(err, dtype=torch.bool))
 
     if relax is None:  # Anderson acceleration, or over-relaxation for partial OT (its rebalancing step)
-        relax = (_Anderson(batch, f, log_b > -math.inf) if accelerate and rebalance is None
+        relax = (_Anderson(batch, f, log_b > -math.inf, rank_sum=_rank_sum(geom)) if accelerate and rebalance is None
                  else _Relaxation(batch, f, enabled=accelerate))
     vtest = _ValueTest(value_tol) if vtest is None else vtest
     checks = _Checks(f.device, check_every)
@@ -370,12 +399,12 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     steps = 0  # updates at the target eps (windows are counted in these)
     while True:
         f_hat = pen_a.aprox(s, eps)
-        err = marginal_error(log_a, f, s, f_hat, eps) / mass_a
+        err = marginal_error(log_a, f, s, f_hat, eps, psum) / mass_a
         window = steps % WINDOW == 0
         if window and steps > 0:
             f, g, s, f_hat, err = relax.window_end(err, (f, g, s, f_hat, err), done)
         if window and vtest.tol is not None:
-            value = dual_value(log_a, log_b, f_hat, g, s, pen_a, pen_b, eps)
+            value = dual_value(log_a, log_b, f_hat, g, s, pen_a, pen_b, eps, psum)
             done = done | (vtest.passed(value, relax.undone if steps > 0 else None) & (err <= VALUE_SPAN * tol))
         done = done | (err <= tol)
         n_fin = checks.poll(it, max_iter, done, err, tol)
@@ -425,7 +454,8 @@ def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optiona
     cancels the oscillating constant mode of the symmetric map, and the slow modes of the plain
     map contract by (1 - lambda) / 2 instead of lambda."""
     batch = log_a.shape[0]
-    mass_a = log_a.double().exp().sum(-1)
+    psum = _point_sum(geom)
+    mass_a = psum(log_a.double().exp())
     passes = 0
     if init is not None:
         eps_list = eps_list[-1:]
@@ -440,7 +470,7 @@ def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optiona
             f = 0.5 * (f + pen.aprox(geom.softmin_x(log_a + f / eps, eps), eps))
         f = pen.aprox(geom.softmin_x(log_a + f / eps, eps), eps)
         s = geom.softmin_x(log_a + f / eps, eps)
-        err = marginal_error(log_a, f, s, pen.aprox(s, eps), eps) / mass_a
+        err = marginal_error(log_a, f, s, pen.aprox(s, eps), eps, psum) / mass_a
         n_iter = torch.full((batch,), len(eps_list) + 1, dtype=torch.int64, device=f.device)
         return Solution(f, f, s, s, n_iter, err, passes + len(eps_list) + 2, 0, torch.ones_like(err, dtype=torch.bool))
     for eps in eps_list[:-1]:
@@ -457,9 +487,9 @@ def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optiona
         s = geom.softmin_x(log_a + f / eps, eps)
         passes += 1
         f_hat = pen.aprox(s, eps)
-        err = marginal_error(log_a, f, s, f_hat, eps) / mass_a
+        err = marginal_error(log_a, f, s, f_hat, eps, psum) / mass_a
         if value_tol is not None and (it - n_done) % WINDOW == 0:
-            value = dual_value(log_a, log_a, f_hat, f, s, pen, pen, eps)
+            value = dual_value(log_a, log_a, f_hat, f, s, pen, pen, eps, psum)
             done = done | (vtest.passed(value) & (err <= VALUE_SPAN * tol))
         done = done | (err <= tol)
         n_fin = checks.poll(it, max_iter, done, err, tol)
