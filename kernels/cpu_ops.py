@@ -98,7 +98,7 @@ __all__ = [
 
 _SRC = Path(__file__).with_name("csrc") / "cpu_ops.cpp"
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c++17", "-shared", "-fPIC"]
-_ABI_VERSION = 2  # = srot_abi_version() in csrc/cpu_ops.cpp; bump both when an entry point changes
+_ABI_VERSION = 3  # = srot_abi_version() in csrc/cpu_ops.cpp; bump both when an entry point changes
 _BUILD_TIMEOUT_S = 300
 _TMP_PREFIX = ".srot_build_"  # temporary files of a build: .srot_build_<pid>_<host>_<random><suffix>
 _STALE_S = 3600  # a temporary file this old is removed whatever its pid says
@@ -321,6 +321,17 @@ def _declare(lib: ctypes.CDLL) -> None:
         getattr(lib, f"srot_max_sq_{suf}").argtypes = [p, p, i64, i64, i64, i64, i64, i64, p, c_int]
         for name in ("softmin", "wmean", "argmax", "max_sq"):
             getattr(lib, f"srot_{name}_{suf}").restype = None
+        # block-sparse passes (kernels/blocksparse.py): + ld, offs, rng after the strides
+        sparse = [*batch, i64, p, p]
+        getattr(lib, f"srot_bs_softmin_{suf}").argtypes = [*sparse, c_int, dbl, p, i64, c_int]
+        getattr(lib, f"srot_bs_wmean_{suf}").argtypes = [*sparse, c_int, dbl, c_int, p, i64, c_int]
+        getattr(lib, f"srot_bs_argmax_{suf}").argtypes = [*sparse, c_int, dbl, p, i64, c_int]
+        getattr(lib, f"srot_bs_max_sq_{suf}").argtypes = [p, p, i64, i64, i64, i64, i64, i64, i64, p, p, p, c_int]
+        for name in ("softmin", "wmean", "argmax", "max_sq"):
+            getattr(lib, f"srot_bs_{name}_{suf}").restype = None
+    # rlo, rhi, nrb, clo, chi, lse, ncb, nbatch, n, m, d, p, eps, log_thr, offs, rng, cap, kept, nthreads
+    lib.srot_bs_prune.argtypes = [p, p, i64, p, p, p, i64, i64, i64, i64, i64, c_int, dbl, dbl, p, p, i64, p, c_int]
+    lib.srot_bs_prune.restype = i64
 
 
 def _open_or_build() -> ctypes.CDLL:
