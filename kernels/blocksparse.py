@@ -69,6 +69,7 @@ import threading
 from collections import OrderedDict
 from typing import Optional
 
+import numpy as np
 import torch
 
 from . import cpu_ops
@@ -90,6 +91,7 @@ THRESHOLD = _threshold_from_env()  # relative mass a pass may drop per row
 DENSE_FRACTION = 0.5  # kept pairs above this fraction of N M: dense pass instead
 MIN_PAIRS = 1 << 18  # N M below this: dense pass
 CACHE_SIZE = 8
+_TASK_DENSE = 0.9  # a row super-block whose kept column super-blocks hold more of the columns keeps them all
 
 _lock = threading.Lock()
 _cache: "OrderedDict[tuple, _Order]" = OrderedDict()
@@ -139,6 +141,33 @@ def _morton(pts: torch.Tensor) -> torch.Tensor:
     return code
 
 
+SUPER = 16  # blocks per super-block (= KS in csrc/cpu_ops.cpp)
+
+
+def _super(t: torch.Tensor, fill: float) -> torch.Tensor:
+    """(B, nblk, ...) per-block values -> (B, nsup, SUPER, ...), the last super-block padded with ``fill``."""
+    B, nblk = t.shape[:2]
+    nsup = -(-nblk // SUPER)
+    pad = t.new_full((B, nsup * SUPER - nblk, *t.shape[2:]), fill)
+    return torch.cat([t, pad], 1).view(B, nsup, SUPER, *t.shape[2:])
+
+
+def _col_stats(lib, hs: torch.Tensor, oy: "_Order", level: int, trend: bool, threads: int):
+    """Per column block (level 0) or super-block (level 1): lse (B, ng) = LSE of h and, with ``trend``, the
+    linear trend of h about the box centre, top (B, ng) and beta (B, ng, d) (csrc/cpu_ops.cpp,
+    srot_bs_col_stats). float64."""
+    lo, hi = (oy.lo, oy.hi) if level == 0 else (oy.slo, oy.shi)
+    B, ng, d = lo.shape
+    lse = torch.empty(B, ng, dtype=torch.float64)
+    top = torch.empty(B, ng, dtype=torch.float64) if trend else None
+    beta = torch.empty(B, ng, d, dtype=torch.float64) if trend else None
+    size = BLOCK if level == 0 else BLOCK * SUPER
+    lib.srot_bs_col_stats(_ptr(hs), _ptr(oy.pts64()), _ptr(lo), _ptr(hi), B, hs.shape[1], d, size, _ptr(lse),
+                          None if top is None else _ptr(top), None if beta is None else _ptr(beta),
+                          1 if B * hs.shape[1] < 1 << 18 else threads)
+    return lse, top, beta
+
+
 class _Order:
     """A point tensor (B, N, D) sorted along the Morton curve: ``perm`` (B, N) (sorted -> original index),
     ``inv`` (B, N), ``pts`` (B, N, D) sorted points, ``lo``, ``hi`` (B, nblk, D) float64 block boxes, and
@@ -156,7 +185,13 @@ class _Order:
         self.lo = blocks.amin(2).contiguous()
         self.hi = blocks.amax(2).contiguous()
         self.nblk = nblk
+        self.slo = _super(self.lo, math.inf).amin(2).contiguous()  # super-block boxes
+        self.shi = _super(self.hi, -math.inf).amax(2).contiguous()
         self._yt = None
+
+    def pts64(self):
+        """(B, N, D) float64 sorted points."""
+        return self.pts if self.pts.dtype == torch.float64 else self.pts.double()
 
     def yt(self):
         """(B, D, ld) transposed sorted points, ld = N rounded up to the SIMD width, plus one width (a column
@@ -174,7 +209,7 @@ def _order(t: torch.Tensor) -> _Order:
     key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
     with _lock:
         hit = _cache.get(key)
-        if hit is not None and torch.equal(hit.src, t):
+        if hit is not None and np.array_equal(hit.src.numpy(), t.detach().numpy()):
             _cache.move_to_end(key)
             return hit
     entry = _Order(t)
@@ -194,12 +229,17 @@ def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
 _capacity: dict = {}  # (B, nrb, ncb) -> column ranges buffer size that fitted last time
 
 
-def _prune(lib, ox: _Order, oy: _Order, lse: Optional[torch.Tensor], eps: float, p: int, threads: int):
+def _prune(lib, ox: _Order, oy: _Order, hs: Optional[torch.Tensor], eps: float, p: int, threads: int):
     """Column ranges (offs (B * nrb + 1,), rng (R, 2)) of every row block, and the fraction of pairs kept.
-    ``lse`` (B, ncb) float64 LSE of h per column block, or None for the max-cost mode."""
+    ``hs`` (B, M) the sorted log-weights, or None for the max-cost mode."""
     global _last_kept
     B, n, d = ox.pts.shape
     m = oy.pts.shape[1]
+    stats = [None] * 6
+    if hs is not None:
+        trend = p == 2
+        hs = hs.double().contiguous()
+        stats = [*_col_stats(lib, hs, oy, 0, trend, threads), *_col_stats(lib, hs, oy, 1, trend, threads)]
     offs = torch.empty(B * ox.nblk + 1, dtype=torch.int64)
     kept = torch.zeros(1, dtype=torch.float64)
     key = (B, ox.nblk, oy.nblk)
@@ -207,9 +247,11 @@ def _prune(lib, ox: _Order, oy: _Order, lse: Optional[torch.Tensor], eps: float,
     log_thr = math.log(THRESHOLD)
     while True:
         rng = torch.empty(max(cap, 1), 2, dtype=torch.int64)
-        total = lib.srot_bs_prune(_ptr(ox.lo), _ptr(ox.hi), ox.nblk, _ptr(oy.lo), _ptr(oy.hi),
-                                  None if lse is None else _ptr(lse), oy.nblk, B, n, m, d, p, float(eps), log_thr,
-                                  _ptr(offs), _ptr(rng), cap, _ptr(kept), threads)
+        total = lib.srot_bs_prune(_ptr(ox.lo), _ptr(ox.hi), _ptr(ox.slo), _ptr(ox.shi), ox.nblk, _ptr(oy.lo),
+                                  _ptr(oy.hi), _ptr(oy.slo), _ptr(oy.shi), oy.nblk,
+                                  *(None if t is None else _ptr(t) for t in stats), B, n, m, d, p, float(eps),
+                                  log_thr, max(_TASK_DENSE, DENSE_FRACTION), _ptr(offs), _ptr(rng), cap, _ptr(kept),
+                                  1 if B * ox.nblk * oy.nblk < 1 << 16 else threads)
         if total <= cap:
             break
         cap = int(total * 1.25) + 16
@@ -237,12 +279,8 @@ def _sparse_setup(x, y, h, eps, p):
         return None
     threads = cpu_ops._threads(B * n, m, x.shape[2])
     ox, oy = _order(x), _order(y)
-    hs = lse = None
-    if h is not None:
-        hs = h.detach().gather(1, oy.perm).contiguous()
-        pad = torch.full((B, oy.nblk * BLOCK - m), -math.inf, dtype=torch.float64)
-        lse = torch.logsumexp(torch.cat([hs.double(), pad], 1).view(B, oy.nblk, BLOCK), -1).contiguous()
-    offs, rng, frac = _prune(lib, ox, oy, lse, eps, p, threads)
+    hs = None if h is None else h.detach().gather(1, oy.perm).contiguous()
+    offs, rng, frac = _prune(lib, ox, oy, hs, eps, p, threads)
     if h is not None and frac > DENSE_FRACTION:
         _last_kept = 1.0
         return None

@@ -400,13 +400,19 @@ inline void box_pair(const double* alo, const double* ahi, const double* blo, co
   far2 = f;
 }
 
-// Bounds of one block pair (I, J). LSE mode (lse_J = LSE of h over J): every term h_j - C_ij / eps of a row
-// of I has  LSE_j in J >= lo = lse_J - C(far) / eps  and  <= up = lse_J - C(gap) / eps.  Max-cost mode
-// (lse == nullptr): the pair's largest squared distance lies in [lo, up] = [gap2, far2].
+// Bounds of one pair of boxes A (rows), B (columns of block j). LSE mode: every row x in A has
+//   LSE_{j in B}[h_j - C(x, y_j) / eps] >= lo = lse_j - C(far) / eps   and   <= up = lse_j - C(gap) / eps,
+// and, at p = 2 with a linear trend (top, beta) of h on B (h_j <= top_j + beta_j . (y_j - c), c the centre of
+// B), also <= top_j + max_{x in A, y in B} [beta_j . (y - c) - |x - y|^2 / (2 eps)], which is separable per
+// coordinate and much tighter when h varies across the block (h = log b + g / eps with a potential g: the
+// trend of g and that of the cost cancel near the transport target). Max-cost mode (lse == nullptr): the
+// pair's largest squared distance lies in [lo, up] = [gap2, far2].
 struct PairBounds {
-  const double* lse;  // nullptr: max-cost mode
+  const double* lse;   // nullptr: max-cost mode
+  const double* top;   // nullptr: no trend bound
+  const double* beta;  // (nblk, d)
   int p;
-  double inv_eps;
+  double eps;
   void operator()(const double* alo, const double* ahi, const double* blo, const double* bhi, int64_t d,
                   int64_t j, double& lo, double& up) const {
     double gap2, far2;
@@ -417,42 +423,99 @@ struct PairBounds {
       return;
     }
     const double cg = p == 1 ? std::sqrt(gap2) : 0.5 * gap2, cf = p == 1 ? std::sqrt(far2) : 0.5 * far2;
-    lo = lse[j] - cf * inv_eps;
-    up = lse[j] - cg * inv_eps;
+    lo = lse[j] - cf / eps;
+    up = lse[j] - cg / eps;
+    if (top == nullptr || p != 2 || !(up > -std::numeric_limits<double>::infinity())) return;
+    double t = top[j];
+    for (int64_t k = 0; k < d; ++k) {
+      const double bk = beta[j * d + k], c = 0.5 * (blo[k] + bhi[k]);
+      if (bk == 0.0) {  // max of -dist(y, [alo, ahi])^2 / (2 eps) over [blo, bhi]: the squared gap
+        const double gk = std::max(0.0, std::max(blo[k] - ahi[k], alo[k] - bhi[k]));
+        t -= 0.5 * gk * gk / eps;
+        continue;
+      }
+      // concave in y: the unconstrained maximiser (ahi + eps bk, or alo + eps bk), clamped to [blo, bhi]
+      const double yk = std::min(bhi[k], std::max(blo[k], (bk > 0.0 ? ahi[k] : alo[k]) + eps * bk));
+      const double dk = std::max(0.0, std::max(yk - ahi[k], alo[k] - yk));
+      t += bk * (yk - c) - 0.5 * dk * dk / eps;
+    }
+    up = std::min(up, t);
   }
 };
 
 // The kept column blocks of every row block, in two levels. Level 1, per row super-block S: the bound
-// L_S = max_T lo(S, T) over the column super-blocks T; T is kept if up(S, T) >= L_S + slack1. Level 2, per
-// row block I of S: L_I = max(L_S, max_J lo(I, J)) over the blocks J of the kept T; J is kept if
-// up(I, J) >= L_I + slack2. Runs of consecutive kept J become one column range. In LSE mode L_I is a lower
-// bound of every row's LSE, and slack_k = log(thr / 2) - log(#candidates of level k), so the dropped terms of
-// a row sum to at most thr times the row's sum; in max-cost mode the slacks are 0 and L_S is a lower bound of
-// the problem's largest squared distance, so no dropped pair holds it.
+// L_S = max(max_T lo(S, T), min_{I in S} max_J lo(I, J)) over the column super-blocks T and the blocks J of the
+// four T of largest up(S, T) (the second term matters when S is wide against eps); T is kept if
+// up(S, T) >= L_S + slack1. Level 2, per row block I of S: L_I = max(L_S, max_J lo(I, J)) over the blocks J of
+// the kept T; J is kept if up(I, J) >= L_I + slack2. Runs of consecutive kept J become one column range. In
+// LSE mode L_I is a lower bound of every row's LSE, and slack_k = log(thr / 2) - log(#candidates of level k),
+// so the dropped terms of a row sum to at most thr times the row's sum; in max-cost mode the slacks are 0 and
+// L_S is a lower bound of the problem's largest squared distance, so no dropped pair holds it. A row
+// super-block whose kept super-blocks hold more than dense_frac of the columns skips level 2 and keeps every
+// column (large eps: nothing would be dropped).
 struct Pruned {
   std::vector<int64_t> count;  // ranges per row block of the super-block
   std::vector<int64_t> rng;    // (start, end) column pairs
   double kept = 0.0;           // row-column pairs kept
 };
 
-void prune_task(const double* rlo, const double* rhi, const double* slo, const double* shi, int64_t s,
-                int64_t nrb, const double* clo, const double* chi, const double* tlo, const double* thi,
-                int64_t ncb, int64_t nct, int64_t n, int64_t m, int64_t d, const PairBounds& bnd,
-                const PairBounds& sbnd, double slack1, double slack2, Pruned& out) {
+// Boxes of one level of one problem: lo, hi (nblk, d).
+struct Boxes {
+  const double* lo;
+  const double* hi;
+  const double* l(int64_t i, int64_t d) const { return lo + i * d; }
+  const double* h(int64_t i, int64_t d) const { return hi + i * d; }
+};
+
+void prune_task(int64_t s, Boxes rb, Boxes rs, int64_t nrb, Boxes cb, Boxes cs, int64_t ncb, int64_t nct,
+                int64_t n, int64_t m, int64_t d, const PairBounds& bnd, const PairBounds& sbnd, double slack1,
+                double slack2, double dense_frac, Pruned& out) {
   const double ninf = -std::numeric_limits<double>::infinity();
   const bool lse_mode = bnd.lse != nullptr;
+  const int64_t i_end = std::min(nrb, (s + 1) * KS);
   std::vector<int64_t> keep_t;
   std::vector<double> lo_t(nct), up_t(nct);
   double ls = ninf;
+  std::vector<int64_t> order(nct);
   for (int64_t t = 0; t < nct; ++t) {
-    sbnd(slo + s * d, shi + s * d, tlo + t * d, thi + t * d, d, t, lo_t[t], up_t[t]);
+    sbnd(rs.l(s, d), rs.h(s, d), cs.l(t, d), cs.h(t, d), d, t, lo_t[t], up_t[t]);
     ls = std::max(ls, lo_t[t]);
+    order[t] = t;
   }
+  if (lse_mode) {  // a tighter bound for every row of S: min over its blocks I of max lo(I, J), J in the best T
+    const int64_t nbest = std::min<int64_t>(4, nct);
+    std::partial_sort(order.begin(), order.begin() + nbest, order.end(),
+                      [&](int64_t a, int64_t b) { return up_t[a] > up_t[b]; });
+    double lmin = std::numeric_limits<double>::infinity();
+    for (int64_t i = s * KS; i < i_end; ++i) {
+      double li = -std::numeric_limits<double>::infinity();
+      for (int64_t q = 0; q < nbest; ++q)
+        for (int64_t j = order[q] * KS; j < std::min(ncb, (order[q] + 1) * KS); ++j) {
+          double lo, up;
+          bnd(rb.l(i, d), rb.h(i, d), cb.l(j, d), cb.h(j, d), d, j, lo, up);
+          li = std::max(li, lo);
+        }
+      lmin = std::min(lmin, li);
+    }
+    ls = std::max(ls, lmin);
+  }
+  int64_t cols_t = 0;
   for (int64_t t = 0; t < nct; ++t)
-    if (up_t[t] > ninf && up_t[t] >= ls + slack1) keep_t.push_back(t);
+    if (up_t[t] > ninf && up_t[t] >= ls + slack1) {
+      keep_t.push_back(t);
+      cols_t += std::min(m, (t + 1) * KS * RB) - t * KS * RB;
+    }
+  if (lse_mode && (double)cols_t > dense_frac * (double)m) {  // nearly everything stays: one dense range
+    for (int64_t i = s * KS; i < i_end; ++i) {
+      out.count.push_back(1);
+      out.rng.push_back(0);
+      out.rng.push_back(m);
+      out.kept += (double)m * (double)(std::min(n, (i + 1) * RB) - i * RB);
+    }
+    return;
+  }
   std::vector<int64_t> cand;
   std::vector<double> up_j;
-  const int64_t i_end = std::min(nrb, (s + 1) * KS);
   for (int64_t i = s * KS; i < i_end; ++i) {
     cand.clear();
     up_j.clear();
@@ -461,7 +524,7 @@ void prune_task(const double* rlo, const double* rhi, const double* slo, const d
       const int64_t j_end = std::min(ncb, (t + 1) * KS);
       for (int64_t j = t * KS; j < j_end; ++j) {
         double lo, up;
-        bnd(rlo + i * d, rhi + i * d, clo + j * d, chi + j * d, d, j, lo, up);
+        bnd(rb.l(i, d), rb.h(i, d), cb.l(j, d), cb.h(j, d), d, j, lo, up);
         li = std::max(li, lo);
         if (up > ninf) {
           cand.push_back(j);
@@ -488,20 +551,6 @@ void prune_task(const double* rlo, const double* rhi, const double* slo, const d
     out.count.push_back(nr);
     out.kept += (double)cols * (double)(std::min(n, (i + 1) * RB) - i * RB);
   }
-}
-
-// Union boxes of the super-blocks: lo, hi (nblk, d) -> slo, shi (ceil(nblk / KS), d).
-void super_boxes(const double* lo, const double* hi, int64_t nblk, int64_t d, double* slo, double* shi) {
-  for (int64_t s = 0; s * KS < nblk; ++s)
-    for (int64_t k = 0; k < d; ++k) {
-      double a = std::numeric_limits<double>::infinity(), b = -a;
-      for (int64_t i = s * KS; i < std::min(nblk, (s + 1) * KS); ++i) {
-        a = std::min(a, lo[i * d + k]);
-        b = std::max(b, hi[i * d + k]);
-      }
-      slo[s * d + k] = a;
-      shi[s * d + k] = b;
-    }
 }
 
 }  // namespace
@@ -558,45 +607,34 @@ int srot_abi_version() { return 3; }
 SROT_DEFINE(float, f32)
 SROT_DEFINE(double, f64)
 
-// Block pruning of a batch of nbatch problems (n rows, m columns, dimension d). Row block I of problem b has the
-// box rlo, rhi + (b * nrb + I) * d and covers the sorted rows [I RB, min(n, (I + 1) RB)); column block J has
-// clo, chi + (b * ncb + J) * d, covers the sorted columns [J RB, ...) and (LSE mode) lse[b * ncb + J] = LSE of
-// its h; lse == nullptr selects the max-cost mode. Writes offs (nbatch * nrb + 1) and, when the total number
-// of column ranges fits in cap, rng (2 per range); kept[0] = row-column pairs kept. Returns the number of ranges.
-int64_t srot_bs_prune(const double* rlo, const double* rhi, int64_t nrb, const double* clo, const double* chi,
-                      const double* lse, int64_t ncb, int64_t nbatch, int64_t n, int64_t m, int64_t d, int p,
-                      double eps, double log_thr, int64_t* offs, int64_t* rng, int64_t cap, double* kept,
-                      int nthreads) {
+// Block pruning of a batch of nbatch problems (n rows, m columns, dimension d). Row block I of problem b has
+// the box rlo, rhi + (b * nrb + I) * d and covers the sorted rows [I RB, min(n, (I + 1) RB)); row super-block S
+// (blocks [S KS, (S + 1) KS)) has rslo, rshi + (b * nst + S) * d; the same for the columns (ncb blocks, nct
+// super-blocks). Column statistics per block / super-block (LSE mode): lse = LSE of h, and, optionally (top,
+// beta may be null), the linear trend of h (PairBounds); lse == nullptr selects the max-cost mode. Writes offs
+// (nbatch * nrb + 1) and, when the total number of column ranges fits in cap, rng (2 per range);
+// kept[0] = row-column pairs kept. Returns the number of ranges.
+int64_t srot_bs_prune(const double* rlo, const double* rhi, const double* rslo, const double* rshi, int64_t nrb,
+                      const double* clo, const double* chi, const double* cslo, const double* cshi, int64_t ncb,
+                      const double* lse, const double* top, const double* beta, const double* slse,
+                      const double* stop, const double* sbeta, int64_t nbatch, int64_t n, int64_t m, int64_t d,
+                      int p, double eps, double log_thr, double dense_frac, int64_t* offs, int64_t* rng,
+                      int64_t cap, double* kept, int nthreads) {
   const int64_t nst = (nrb + KS - 1) / KS, nct = (ncb + KS - 1) / KS;
-  std::vector<double> slo(nbatch * nst * d), shi(nbatch * nst * d), tlo(nbatch * nct * d), thi(nbatch * nct * d);
-  std::vector<double> tlse(lse ? nbatch * nct : 0);
-  for (int64_t b = 0; b < nbatch; ++b) {
-    super_boxes(rlo + b * nrb * d, rhi + b * nrb * d, nrb, d, slo.data() + b * nst * d, shi.data() + b * nst * d);
-    super_boxes(clo + b * ncb * d, chi + b * ncb * d, ncb, d, tlo.data() + b * nct * d, thi.data() + b * nct * d);
-    if (lse) {  // LSE of h over each column super-block
-      for (int64_t t = 0; t < nct; ++t) {
-        const double* l = lse + b * ncb;
-        const int64_t j_end = std::min(ncb, (t + 1) * KS);
-        double mx = -std::numeric_limits<double>::infinity(), acc = 0.0;
-        for (int64_t j = t * KS; j < j_end; ++j) mx = std::max(mx, l[j]);
-        if (mx > -std::numeric_limits<double>::infinity())
-          for (int64_t j = t * KS; j < j_end; ++j) acc += std::exp(l[j] - mx);
-        tlse[b * nct + t] = acc > 0.0 ? mx + std::log(acc) : mx;
-      }
-    }
-  }
-  const bool lse_mode = lse != nullptr;
+  const bool lse_mode = lse != nullptr, trend = top != nullptr && stop != nullptr;
   const double slack1 = lse_mode ? log_thr - std::log(2.0) - std::log((double)nct) : 0.0;
   const double slack2 = lse_mode ? log_thr - std::log(2.0) - std::log((double)ncb) : 0.0;
   std::vector<Pruned> res(nbatch * nst);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
   for (int64_t task = 0; task < nbatch * nst; ++task) {
     const int64_t b = task / nst, s = task - b * nst;
-    const PairBounds bnd{lse_mode ? lse + b * ncb : nullptr, p, 1.0 / eps};
-    const PairBounds sbnd{lse_mode ? tlse.data() + b * nct : nullptr, p, 1.0 / eps};
-    prune_task(rlo + b * nrb * d, rhi + b * nrb * d, slo.data() + b * nst * d, shi.data() + b * nst * d, s, nrb,
-               clo + b * ncb * d, chi + b * ncb * d, tlo.data() + b * nct * d, thi.data() + b * nct * d, ncb, nct,
-               n, m, d, bnd, sbnd, slack1, slack2, res[task]);
+    const PairBounds bnd{lse_mode ? lse + b * ncb : nullptr, trend ? top + b * ncb : nullptr,
+                         trend ? beta + b * ncb * d : nullptr, p, eps};
+    const PairBounds sbnd{lse_mode ? slse + b * nct : nullptr, trend ? stop + b * nct : nullptr,
+                          trend ? sbeta + b * nct * d : nullptr, p, eps};
+    prune_task(s, Boxes{rlo + b * nrb * d, rhi + b * nrb * d}, Boxes{rslo + b * nst * d, rshi + b * nst * d}, nrb,
+               Boxes{clo + b * ncb * d, chi + b * ncb * d}, Boxes{cslo + b * nct * d, cshi + b * nct * d}, ncb, nct,
+               n, m, d, bnd, sbnd, slack1, slack2, dense_frac, res[task]);
   }
   int64_t total = 0, row = 0;
   double k = 0.0;
@@ -606,13 +644,85 @@ int64_t srot_bs_prune(const double* rlo, const double* rhi, int64_t nrb, const d
       offs[row + 1] = offs[row] + c;
       ++row;
     }
-    if (total + (int64_t)r.rng.size() / 2 <= cap)
-      std::copy(r.rng.begin(), r.rng.end(), rng + 2 * total);
+    if (total + (int64_t)r.rng.size() / 2 <= cap) std::copy(r.rng.begin(), r.rng.end(), rng + 2 * total);
     total += (int64_t)r.rng.size() / 2;
     k += r.kept;
   }
   kept[0] = k;
   return total;
+}
+
+
+// Column statistics of groups of `size` consecutive sorted columns (kernels/blocksparse.py), per problem b and
+// group g with box centre c (lo, hi (ng, d)): lse = LSE_j h_j; with top != nullptr also the least-squares
+// linear trend beta of h about c over the finite h_j (ridge-regularised normal equations; any beta gives a
+// valid bound) and top = max_j (h_j - beta . (y_j - c)). -inf where every h_j of the group is -inf.
+void srot_bs_col_stats(const double* h, const double* y, const double* lo, const double* hi, int64_t nbatch,
+                       int64_t m, int64_t d, int64_t size, double* lse, double* top, double* beta, int nthreads) {
+  const int64_t ng = (m + size - 1) / size;
+  const double ninf = -std::numeric_limits<double>::infinity();
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+  for (int64_t task = 0; task < nbatch * ng; ++task) {
+    const int64_t b = task / ng, g = task - b * ng;
+    const double* hb = h + b * m;
+    const double* yb = y + b * m * d;
+    const int64_t j0 = g * size, j1 = std::min(m, j0 + size);
+    double mx = ninf;
+    for (int64_t j = j0; j < j1; ++j) mx = std::max(mx, hb[j]);
+    double acc = 0.0;
+    if (mx > ninf)
+      for (int64_t j = j0; j < j1; ++j) acc += std::exp(hb[j] - mx);
+    lse[task] = mx > ninf ? mx + std::log(acc) : ninf;
+    if (top == nullptr) continue;
+    double c[3] = {0, 0, 0}, bt[3] = {0, 0, 0};
+    for (int64_t k = 0; k < d; ++k) c[k] = 0.5 * (lo[task * d + k] + hi[task * d + k]);
+    if (mx > ninf) {
+      // weighted sums over the finite h_j of dy = y_j - c and t = h_j - mx
+      double cnt = 0, sy[3] = {0, 0, 0}, st = 0, syy[3][3] = {{0}}, syt[3] = {0, 0, 0};
+      for (int64_t j = j0; j < j1; ++j) {
+        if (!(hb[j] > ninf)) continue;
+        const double t = hb[j] - mx;
+        double dy[3];
+        for (int64_t k = 0; k < d; ++k) dy[k] = yb[j * d + k] - c[k];
+        cnt += 1;
+        st += t;
+        for (int64_t k = 0; k < d; ++k) {
+          sy[k] += dy[k];
+          syt[k] += dy[k] * t;
+          for (int64_t l = 0; l < d; ++l) syy[k][l] += dy[k] * dy[l];
+        }
+      }
+      // centred normal equations  Cov(dy) beta = Cov(dy, t),  plus a tiny ridge; Gaussian elimination (SPD)
+      double a[3][4], tr = 0;
+      for (int64_t k = 0; k < d; ++k) {
+        for (int64_t l = 0; l < d; ++l) a[k][l] = syy[k][l] - sy[k] * sy[l] / cnt;
+        a[k][d] = syt[k] - sy[k] * st / cnt;
+        tr += a[k][k];
+      }
+      const double ridge = 1e-12 * tr + 1e-300;
+      for (int64_t k = 0; k < d; ++k) a[k][k] += ridge;
+      for (int64_t k = 0; k < d; ++k)
+        for (int64_t r = k + 1; r < d; ++r) {
+          const double f = a[r][k] / a[k][k];
+          for (int64_t l = k; l <= d; ++l) a[r][l] -= f * a[k][l];
+        }
+      for (int64_t k = d - 1; k >= 0; --k) {
+        double v = a[k][d];
+        for (int64_t l = k + 1; l < d; ++l) v -= a[k][l] * bt[l];
+        bt[k] = v / a[k][k];
+        if (!std::isfinite(bt[k])) bt[k] = 0.0;
+      }
+    }
+    double tp = ninf;
+    for (int64_t j = j0; j < j1; ++j) {
+      if (!(hb[j] > ninf)) continue;
+      double v = hb[j];
+      for (int64_t k = 0; k < d; ++k) v -= bt[k] * (yb[j * d + k] - c[k]);
+      tp = std::max(tp, v);
+    }
+    top[task] = tp;
+    for (int64_t k = 0; k < d; ++k) beta[task * d + k] = bt[k];
+  }
 }
 
 // Block-sparse passes: as the dense entry points, on sorted points, with ld the row stride of yt
