@@ -91,7 +91,6 @@ THRESHOLD = _threshold_from_env()  # relative mass a pass may drop per row
 DENSE_FRACTION = 0.5  # kept pairs above this fraction of N M: dense pass instead
 MIN_PAIRS = 1 << 18  # N M below this: dense pass
 CACHE_SIZE = 8
-_TASK_DENSE = 0.9  # a row super-block whose kept column super-blocks hold more of the columns keeps them all
 
 _lock = threading.Lock()
 _cache: "OrderedDict[tuple, _Order]" = OrderedDict()
@@ -250,7 +249,7 @@ def _prune(lib, ox: _Order, oy: _Order, hs: Optional[torch.Tensor], eps: float, 
         total = lib.srot_bs_prune(_ptr(ox.lo), _ptr(ox.hi), _ptr(ox.slo), _ptr(ox.shi), ox.nblk, _ptr(oy.lo),
                                   _ptr(oy.hi), _ptr(oy.slo), _ptr(oy.shi), oy.nblk,
                                   *(None if t is None else _ptr(t) for t in stats), B, n, m, d, p, float(eps),
-                                  log_thr, max(_TASK_DENSE, DENSE_FRACTION), _ptr(offs), _ptr(rng), cap, _ptr(kept),
+                                  log_thr, _ptr(offs), _ptr(rng), cap, _ptr(kept),
                                   1 if B * ox.nblk * oy.nblk < 1 << 16 else threads)
         if total <= cap:
             break

@@ -23,6 +23,8 @@ ABI. Per (problem, super-block of 64 rows) task: for each column tile (256 colum
 the whole batch. Memory is O(B (N + M) D) plus a few tens of KB per thread. It uses
 ``torch.get_num_threads()`` threads (one below ~1e6 units of work, B N M max(D, 4)).
 
+The same library holds the block-sparse entry points (``srot_bs_*``) of :mod:`srot_fast.kernels.blocksparse`.
+
 Cache: a library is loaded only if it passes these checks, else it is rebuilt.
 
 - The folder is private (owned by the current user, not writable by group or others, parents safe;
@@ -330,9 +332,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         for name in ("softmin", "wmean", "argmax", "max_sq"):
             getattr(lib, f"srot_bs_{name}_{suf}").restype = None
     # rlo, rhi, rslo, rshi, nrb, clo, chi, cslo, cshi, ncb, lse, top, beta, slse, stop, sbeta, nbatch, n, m, d,
-    # p, eps, log_thr, dense_frac, offs, rng, cap, kept, nthreads
+    # p, eps, log_thr, offs, rng, cap, kept, nthreads
     lib.srot_bs_prune.argtypes = [p, p, p, p, i64, p, p, p, p, i64, p, p, p, p, p, p, i64, i64, i64, i64, c_int, dbl,
-                                  dbl, dbl, p, p, i64, p, c_int]
+                                  dbl, p, p, i64, p, c_int]
     lib.srot_bs_prune.restype = i64
     # h, y, lo, hi, nbatch, m, d, size, lse, top, beta, nthreads
     lib.srot_bs_col_stats.argtypes = [p, p, p, p, i64, i64, i64, i64, p, p, p, c_int]

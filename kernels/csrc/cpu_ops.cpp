@@ -11,6 +11,9 @@
 // per thread, never N x M. Arguments of exp below -80 are flushed to 0 (exact enough: e^-80 ~ 1.8e-35
 // relative to the row maximum) to stay out of the slow denormal path.
 //
+// The same driver streams the block-sparse passes of kernels/blocksparse.py: there a task sees only the column
+// ranges that the block pruning (srot_bs_prune, at the end of this file) kept for its row block.
+//
 // Layout of problem b: x + b * sx (n, d) row-major, yt + b * syt (d, ld) = y transposed with ld = m
 // rounded up to a multiple of W (zero padding), h + b * sh (m,).
 // Plain C ABI (no torch headers) so the build is quick.
@@ -450,9 +453,7 @@ struct PairBounds {
 // the kept T; J is kept if up(I, J) >= L_I + slack2. Runs of consecutive kept J become one column range. In
 // LSE mode L_I is a lower bound of every row's LSE, and slack_k = log(thr / 2) - log(#candidates of level k),
 // so the dropped terms of a row sum to at most thr times the row's sum; in max-cost mode the slacks are 0 and
-// L_S is a lower bound of the problem's largest squared distance, so no dropped pair holds it. A row
-// super-block whose kept super-blocks hold more than dense_frac of the columns skips level 2 and keeps every
-// column (large eps: nothing would be dropped).
+// L_S is a lower bound of the problem's largest squared distance, so no dropped pair holds it.
 struct Pruned {
   std::vector<int64_t> count;  // ranges per row block of the super-block
   std::vector<int64_t> rng;    // (start, end) column pairs
@@ -469,7 +470,7 @@ struct Boxes {
 
 void prune_task(int64_t s, Boxes rb, Boxes rs, int64_t nrb, Boxes cb, Boxes cs, int64_t ncb, int64_t nct,
                 int64_t n, int64_t m, int64_t d, const PairBounds& bnd, const PairBounds& sbnd, double slack1,
-                double slack2, double dense_frac, Pruned& out) {
+                double slack2, Pruned& out) {
   const double ninf = -std::numeric_limits<double>::infinity();
   const bool lse_mode = bnd.lse != nullptr;
   const int64_t i_end = std::min(nrb, (s + 1) * KS);
@@ -499,21 +500,8 @@ void prune_task(int64_t s, Boxes rb, Boxes rs, int64_t nrb, Boxes cb, Boxes cs, 
     }
     ls = std::max(ls, lmin);
   }
-  int64_t cols_t = 0;
   for (int64_t t = 0; t < nct; ++t)
-    if (up_t[t] > ninf && up_t[t] >= ls + slack1) {
-      keep_t.push_back(t);
-      cols_t += std::min(m, (t + 1) * KS * RB) - t * KS * RB;
-    }
-  if (lse_mode && (double)cols_t > dense_frac * (double)m) {  // nearly everything stays: one dense range
-    for (int64_t i = s * KS; i < i_end; ++i) {
-      out.count.push_back(1);
-      out.rng.push_back(0);
-      out.rng.push_back(m);
-      out.kept += (double)m * (double)(std::min(n, (i + 1) * RB) - i * RB);
-    }
-    return;
-  }
+    if (up_t[t] > ninf && up_t[t] >= ls + slack1) keep_t.push_back(t);
   std::vector<int64_t> cand;
   std::vector<double> up_j;
   for (int64_t i = s * KS; i < i_end; ++i) {
@@ -618,7 +606,7 @@ int64_t srot_bs_prune(const double* rlo, const double* rhi, const double* rslo, 
                       const double* clo, const double* chi, const double* cslo, const double* cshi, int64_t ncb,
                       const double* lse, const double* top, const double* beta, const double* slse,
                       const double* stop, const double* sbeta, int64_t nbatch, int64_t n, int64_t m, int64_t d,
-                      int p, double eps, double log_thr, double dense_frac, int64_t* offs, int64_t* rng,
+                      int p, double eps, double log_thr, int64_t* offs, int64_t* rng,
                       int64_t cap, double* kept, int nthreads) {
   const int64_t nst = (nrb + KS - 1) / KS, nct = (ncb + KS - 1) / KS;
   const bool lse_mode = lse != nullptr, trend = top != nullptr && stop != nullptr;
@@ -634,7 +622,7 @@ int64_t srot_bs_prune(const double* rlo, const double* rhi, const double* rslo, 
                           trend ? sbeta + b * nct * d : nullptr, p, eps};
     prune_task(s, Boxes{rlo + b * nrb * d, rhi + b * nrb * d}, Boxes{rslo + b * nst * d, rshi + b * nst * d}, nrb,
                Boxes{clo + b * ncb * d, chi + b * ncb * d}, Boxes{cslo + b * nct * d, cshi + b * nct * d}, ncb, nct,
-               n, m, d, bnd, sbnd, slack1, slack2, dense_frac, res[task]);
+               n, m, d, bnd, sbnd, slack1, slack2, res[task]);
   }
   int64_t total = 0, row = 0;
   double k = 0.0;
