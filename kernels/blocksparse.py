@@ -20,11 +20,16 @@ and Cmin(I, J), Cmax(I, J) the smallest / largest cost between the two boxes. Ev
     LSE_j[h_j - C_ij / eps] >= L_I = max_J (lse_J - Cmax(I, J) / eps),
     LSE_{j in J}[h_j - C_ij / eps] <= U_IJ = lse_J - Cmin(I, J) / eps,
 
-and J is dropped for I when U_IJ < L_I + log(THRESHOLD / 2) - log(number of column blocks). The same test
-runs first on super-block pairs (with the number of column super-blocks), then on the blocks of the kept
-super-block pairs, each level with half the budget. Kept blocks of consecutive columns form column ranges,
-and the compiled kernel of :mod:`srot_fast.kernels.cpu_ops` (``csrc/cpu_ops.cpp``) streams each row block
-over its ranges only.
+At p = 2 a second upper bound removes the linear trend of h inside J (h = log b + g / eps varies by
+|grad g| x block width / eps across a block, and the trend of g cancels that of the cost near the transport
+target): with h_j <= top_J + beta_J . (y_j - c_J) (beta_J the least-squares slope of h over J, c_J the box
+centre), U_IJ <= top_J + max over x in box I, y in box J of beta_J . (y - c_J) - |x - y|^2 / (2 eps), a
+separable concave maximisation. J is dropped for I when U_IJ < L_I + log(THRESHOLD / 2) - log(number of column
+blocks). The same test runs first on super-block pairs (with the number of column super-blocks; the lower
+bound of a row super-block also takes the min over its blocks of their L_I against the four most promising
+column super-blocks), then on the blocks of the kept super-block pairs, each level with half the budget.
+Kept blocks of consecutive columns form column ranges, and the compiled kernel of
+:mod:`srot_fast.kernels.cpu_ops` (``csrc/cpu_ops.cpp``) streams each row block over its ranges only.
 
 Guarantee (exact arithmetic). In every row, the terms exp(h_j - C_ij / eps) of the dropped columns sum to at
 most ``THRESHOLD`` times the row's full sum (default 1e-12). Hence ``softmin`` is within eps * THRESHOLD
@@ -39,7 +44,8 @@ their largest cost is below a cost that some pair attains). Rounding adds the us
 When pruning does not pay. Nothing is dropped while eps is large against the spread of the clouds (the
 first steps of eps-scaling): a pass whose kept pairs exceed ``DENSE_FRACTION`` (0.5) of N M, or a problem
 with N M below ``MIN_PAIRS``, runs the dense kernel of :mod:`srot_fast.kernels.cpu_ops` on the original
-order instead (the pruning sweep costs O(blocks^2 / 256 + kept blocks) per pass, far below a dense pass).
+order instead (the pruning sweep costs O(blocks^2 / 256 + block pairs of the kept super-block pairs) box
+tests per pass, far below a dense pass).
 The pruning gains as eps shrinks: at the target eps of small-blur problems most block pairs go. Dimension
 d > 3 always runs the dense pass (a Morton order of 4 or more coordinates makes boxes that rarely separate at
 the eps of interest; ``backend='cpu'`` says so directly). Other dtypes than float32 / float64, or no compiled

@@ -111,6 +111,21 @@ def test_primitives_match_dense(d, p, _force_sparse):
     assert min(_force_sparse) < 0.9  # block pairs were dropped
 
 
+@pytest.mark.parametrize("d", [1, 2, 3])
+def test_potential_like_weights(d, _force_sparse):
+    """h = log b + g / eps with a smooth potential g varying by thousands of nats across the data (as in a
+    solve at small eps, where the p = 2 trend bound does the pruning): still within the stated bound."""
+    g = _gen(50 + d)
+    x = torch.rand(1500, d, generator=g, dtype=DT) * 4
+    y = torch.rand(1300, d, generator=g, dtype=DT) * 4
+    eps = 0.02 ** 2
+    pot = -0.4 * ((y - 2.0) ** 2).sum(-1) + 0.3 * y[:, 0] + 0.01 * torch.randn(1300, generator=g, dtype=DT)
+    h = -math.log(1300) + pot / eps
+    _check_primitives(x, y, h, eps, 2)
+    if d <= 2:  # 1500 points in 3-D make blocks too wide against eps to drop anything
+        assert min(_force_sparse) < 0.9
+
+
 @pytest.mark.parametrize("p", [1, 2])
 def test_loose_threshold_respects_its_bound(p, monkeypatch, _force_sparse):
     """With THRESHOLD = 1e-3 more pairs go than with the default; the errors stay within the stated bound."""
