@@ -10,8 +10,10 @@ Two measurements, each timing the dense and the block-sparse code in the same ru
   ``blocksparse`` solve at that n (fixed schedule, ``tol=None``): the potentials decide what can be dropped;
   plus the fraction of pairs the block-sparse pass evaluated.
 - ``loss``: seconds of loss + gradient (``SROTLoss``, debias off; ``--tol``, default None: GeomLoss's fixed
-  schedule, so both backends do the same updates) for soft SROT (p = 1, KL reach 0.3, offsets from synthetic scores,
-  gamma = max C) and plain balanced OT at p = 2; relative difference of the values and of the gradients.
+  schedule, so both backends do the same updates; with ``--warm K``, a gradient-flow step instead: K updates
+  at the target eps from given potentials, no eps-scaling) for soft SROT (p = 1, KL reach 0.3, offsets from
+  synthetic scores, gamma = max C) and plain balanced OT at p = 2; relative difference of the values and of
+  the gradients.
 
 Run: ``python benchmarks/bench_blocksparse.py --pass-sizes 10000 20000 50000 100000 200000
 --loss-sizes 20000 50000 --out results.json`` (threads: ``--threads``, default torch's).
@@ -69,30 +71,44 @@ def bench_pass(n: int, p: int, potentials: bool) -> dict:
                 speedup=t_dense / t_sparse, kept=kept, max_abs_diff_over_eps=err)
 
 
-def loss_and_grad(x0, y0, blur: float, case: str, tol, backend: str):
-    """(value, dx, dy, n_iter) of the case's SROTLoss on ``backend``."""
-    x, y = x0.clone().requires_grad_(), y0.clone().requires_grad_()
+def make_loss(blur: float, case: str, tol, backend: str, warm: int = 0) -> SROTLoss:
+    kw = dict(blur=blur, debias=False, tol=tol, backend=backend, warm_start=warm > 0)
     if case == "soft_p1":
-        loss = SROTLoss(p=1, blur=blur, reach=0.3, strategy="soft", debias=False, tol=tol, backend=backend)
-        value = loss(x, y, scores=scores(x0, y0))
-    else:
-        loss = SROTLoss(p=2, blur=blur, reach=None, debias=False, tol=tol, backend=backend)
-        value = loss(x, y)
+        return SROTLoss(p=1, reach=0.3, strategy="soft", **kw)
+    return SROTLoss(p=2, reach=None, **kw)
+
+
+def loss_and_grad(loss: SROTLoss, x0, y0, case: str):
+    """(value, dx, dy, n_iter) of the case's SROTLoss."""
+    x, y = x0.clone().requires_grad_(), y0.clone().requires_grad_()
+    value = loss(x, y, scores=scores(x0, y0)) if case == "soft_p1" else loss(x, y)
     gx, gy = torch.autograd.grad(value, (x, y))
-    return float(value), gx, gy, loss.last_result.n_iter
+    return float(value.detach()), gx, gy, loss.last_result.n_iter
 
 
-def bench_loss(n: int, case: str, tol) -> dict:
+def bench_loss(n: int, case: str, tol, warm: int) -> dict:
+    """Loss + gradient on both backends. ``warm`` > 0: a flow step -- potentials from one (untimed) blocksparse
+    call from scratch, then the timed call on points moved by 1e-3 x blur: ``warm`` updates at the target eps
+    from those potentials (no eps-scaling), the same on both backends."""
     x0, y0, diam = clouds(n, seed=1)
     blur = 0.01 * diam
     out = {}
+    x1, start = x0, None
+    if warm:
+        first = make_loss(blur, case, tol, "blocksparse", warm)
+        loss_and_grad(first, x0, y0, case)
+        start = first._warm  # the potentials SROTLoss keeps for warm_start
+        x1 = x0 + 1e-3 * blur * torch.randn(x0.shape, generator=torch.Generator().manual_seed(2))
     for backend in ("cpu", "blocksparse"):
-        (value, gx, gy, n_iter), secs = timed(lambda: loss_and_grad(x0, y0, blur, case, tol, backend))  # noqa: B023
+        loss = make_loss(blur, case, tol, backend, warm)
+        if warm:
+            loss._warm, loss.tol, loss.max_iter = start, 1e-300, warm  # exactly `warm` updates on both
+        (value, gx, gy, n_iter), secs = timed(lambda: loss_and_grad(loss, x1, y0, case))  # noqa: B023
         out[backend] = dict(value=value, seconds=secs, gx=gx, gy=gy, n_iter=n_iter)
     d, s = out["cpu"], out["blocksparse"]
     rel = abs(s["value"] - d["value"]) / abs(d["value"])
     gerr = max(float((s[k] - d[k]).norm() / d[k].norm()) for k in ("gx", "gy"))
-    return dict(kind="loss", case=case, n=n, blur=blur, tol=tol, dense_s=d["seconds"], sparse_s=s["seconds"],
+    return dict(kind="loss", case=case, n=n, blur=blur, tol=tol, warm=warm, dense_s=d["seconds"], sparse_s=s["seconds"],
                 speedup=d["seconds"] / s["seconds"], value_dense=d["value"], value_sparse=s["value"],
                 value_rel_diff=rel, grad_rel_diff=gerr, n_iter=d["n_iter"], n_iter_sparse=s["n_iter"])
 
@@ -107,6 +123,8 @@ def main():
     ap.add_argument("--potentials", action="store_true",
                     help="pass: h from a blocksparse solve (else h = log b, zero potentials)")
     ap.add_argument("--tol", type=float, default=None, help="loss: SROTLoss tol (default None: fixed schedule)")
+    ap.add_argument("--warm", type=int, default=0,
+                    help="loss: time a warm-started flow step of this many updates at the target eps")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.threads:
@@ -120,7 +138,7 @@ def main():
             print(json.dumps(rows[-1]), flush=True)
     for n in args.loss_sizes:
         for case in args.cases:
-            rows.append(bench_loss(n, case, args.tol))
+            rows.append(bench_loss(n, case, args.tol, args.warm))
             print(json.dumps(rows[-1]), flush=True)
     if args.out:
         with open(args.out, "w") as f:
