@@ -88,8 +88,8 @@ def loss_and_grad(loss: SROTLoss, x0, y0, case: str):
 
 def bench_loss(n: int, case: str, tol, warm: int) -> dict:
     """Loss + gradient on both backends. ``warm`` > 0: a flow step -- potentials from one (untimed) blocksparse
-    call from scratch, then the timed call on points moved by 1e-3 x blur: ``warm`` updates at the target eps
-    from those potentials (no eps-scaling), the same on both backends."""
+    call from scratch (with ``tol``), then the timed call on points moved by 1e-3 x blur: ``warm`` updates at the
+    target eps from those potentials (no eps-scaling), the same on both backends."""
     x0, y0, diam = clouds(n, seed=1)
     blur = 0.01 * diam
     out = {}
