@@ -23,6 +23,8 @@ ABI. Per (problem, super-block of 64 rows) task: for each column tile (256 colum
 the whole batch. Memory is O(B (N + M) D) plus a few tens of KB per thread. It uses
 ``torch.get_num_threads()`` threads (one below ~1e6 units of work, B N M max(D, 4)).
 
+The same library holds the block-sparse entry points (``srot_bs_*``) of :mod:`srot_fast.kernels.blocksparse`.
+
 Cache: a library is loaded only if it passes these checks, else it is rebuilt.
 
 - The folder is private (owned by the current user, not writable by group or others, parents safe;
@@ -98,7 +100,7 @@ __all__ = [
 
 _SRC = Path(__file__).with_name("csrc") / "cpu_ops.cpp"
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c++17", "-shared", "-fPIC"]
-_ABI_VERSION = 2  # = srot_abi_version() in csrc/cpu_ops.cpp; bump both when an entry point changes
+_ABI_VERSION = 3  # = srot_abi_version() in csrc/cpu_ops.cpp; bump both when an entry point changes
 _BUILD_TIMEOUT_S = 300
 _TMP_PREFIX = ".srot_build_"  # temporary files of a build: .srot_build_<pid>_<host>_<random><suffix>
 _STALE_S = 3600  # a temporary file this old is removed whatever its pid says
@@ -321,6 +323,22 @@ def _declare(lib: ctypes.CDLL) -> None:
         getattr(lib, f"srot_max_sq_{suf}").argtypes = [p, p, i64, i64, i64, i64, i64, i64, p, c_int]
         for name in ("softmin", "wmean", "argmax", "max_sq"):
             getattr(lib, f"srot_{name}_{suf}").restype = None
+        # block-sparse passes (kernels/blocksparse.py): + ld, offs, rng after the strides
+        sparse = [*batch, i64, p, p]
+        getattr(lib, f"srot_bs_softmin_{suf}").argtypes = [*sparse, c_int, dbl, p, i64, c_int]
+        getattr(lib, f"srot_bs_wmean_{suf}").argtypes = [*sparse, c_int, dbl, c_int, p, i64, c_int]
+        getattr(lib, f"srot_bs_argmax_{suf}").argtypes = [*sparse, c_int, dbl, p, i64, c_int]
+        getattr(lib, f"srot_bs_max_sq_{suf}").argtypes = [p, p, i64, i64, i64, i64, i64, i64, i64, p, p, p, c_int]
+        for name in ("softmin", "wmean", "argmax", "max_sq"):
+            getattr(lib, f"srot_bs_{name}_{suf}").restype = None
+    # rlo, rhi, rslo, rshi, nrb, clo, chi, cslo, cshi, ncb, lse, top, beta, slse, stop, sbeta, nbatch, n, m, d,
+    # p, eps, log_thr, offs, rng, cap, kept, nthreads
+    lib.srot_bs_prune.argtypes = [p, p, p, p, i64, p, p, p, p, i64, p, p, p, p, p, p, i64, i64, i64, i64, c_int, dbl,
+                                  dbl, p, p, i64, p, c_int]
+    lib.srot_bs_prune.restype = i64
+    # h, y, lo, hi, nbatch, m, d, size, lse, top, beta, nthreads
+    lib.srot_bs_col_stats.argtypes = [p, p, p, p, i64, i64, i64, i64, p, p, p, c_int]
+    lib.srot_bs_col_stats.restype = None
 
 
 def _open_or_build() -> ctypes.CDLL:

@@ -8,6 +8,8 @@ cpu            C++/OpenMP streaming LSE built on first use; blocked     O((N + M
                torch fallback without a compiler
 keops          pykeops LazyTensor reductions (CPU and CUDA)             O((N + M) D)
 triton         hand-written Triton kernels (CUDA; TRITON_INTERPRET=1)   O((N + M) D)
+blocksparse    the cpu kernel on the block pairs a bound cannot drop    O((N + M) D + kept
+               (d <= 3; small eps against the data's scale)             block pairs)
 =============  ======================================================  ==================
 
 Optional backends are imported lazily, on first use, never at ``import srot_fast``. An explicitly
@@ -23,7 +25,7 @@ from types import ModuleType
 
 __all__ = ["BACKENDS", "available_backends", "get_ops", "resolve_backend"]
 
-BACKENDS = ("tensorized", "cpu", "keops", "triton")
+BACKENDS = ("tensorized", "cpu", "keops", "triton", "blocksparse")
 
 # backend name -> (module of srot_fast.kernels, python package it needs, pip extra)
 _IMPL = {
@@ -31,6 +33,7 @@ _IMPL = {
     "cpu": ("cpu_ops", None, None),
     "keops": ("keops_ops", "pykeops", "srot_fast[keops]"),
     "triton": ("triton_softmin", "triton", "srot_fast[triton]"),
+    "blocksparse": ("blocksparse", None, None),
 }
 _SMALL = 1 << 12  # N * M below which 'auto' keeps the dense reference on CPU (launch overheads dominate)
 
@@ -49,7 +52,7 @@ def _is_cuda(device) -> bool:
 
 
 def resolve_backend(name: str, n: int, m: int, device) -> str:
-    """Concrete backend for ``name`` in {'auto', 'tensorized', 'cpu', 'keops', 'triton'}.
+    """Concrete backend for ``name`` in {'auto', 'tensorized', 'cpu', 'keops', 'triton', 'blocksparse'}.
 
     'auto': on CUDA, 'triton' if installed, else 'keops', else 'tensorized'; on CPU, 'tensorized'
     for N * M < 4096 and 'cpu' above (the compiled kernel when a C++ compiler is present).
@@ -68,8 +71,8 @@ def resolve_backend(name: str, n: int, m: int, device) -> str:
         raise ImportError(f"backend={name!r} needs the package {pkg!r}: pip install '{extra}'")
     if name == "triton" and not _is_cuda(device) and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("backend='triton' needs CUDA tensors (set TRITON_INTERPRET=1 only to test on CPU)")
-    if name == "cpu" and _is_cuda(device):
-        raise ValueError("backend='cpu' needs CPU tensors; use 'triton', 'keops' or 'auto' on CUDA")
+    if name in ("cpu", "blocksparse") and _is_cuda(device):
+        raise ValueError(f"backend={name!r} needs CPU tensors; use 'triton', 'keops' or 'auto' on CUDA")
     return name
 
 

@@ -176,8 +176,8 @@ def assert_argmax(idx, logits, rtol):
 
 
 def optional_backend(name: str):
-    """The primitives module of 'keops' or 'triton' for kernel tests: skips when the package is missing or,
-    for Triton, when there is neither CUDA nor TRITON_INTERPRET=1; on CUDA the Triton module is wrapped in
+    """The primitives module of 'keops', 'triton' or 'blocksparse' for kernel tests: skips when the package is
+    missing or, for Triton, when there is neither CUDA nor TRITON_INTERPRET=1; on CUDA the Triton module is wrapped in
     :class:`OnCuda` so the tests compare GPU results with CPU float64 references."""
     import os
 
@@ -195,4 +195,8 @@ def optional_backend(name: str):
         from srot_fast.kernels import triton_softmin
 
         return OnCuda(triton_softmin) if torch.cuda.is_available() else triton_softmin
+    if name == "blocksparse":
+        from srot_fast.kernels import blocksparse
+
+        return blocksparse
     raise ValueError(f"not an optional backend: {name!r}")

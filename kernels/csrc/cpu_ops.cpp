@@ -11,6 +11,9 @@
 // per thread, never N x M. Arguments of exp below -80 are flushed to 0 (exact enough: e^-80 ~ 1.8e-35
 // relative to the row maximum) to stay out of the slow denormal path.
 //
+// The same driver streams the block-sparse passes of kernels/blocksparse.py: there a task sees only the column
+// ranges that the block pruning (srot_bs_prune, at the end of this file) kept for its row block.
+//
 // Layout of problem b: x + b * sx (n, d) row-major, yt + b * syt (d, ld) = y transposed with ld = m
 // rounded up to a multiple of W (zero padding), h + b * sh (m,).
 // Plain C ABI (no torch headers) so the build is quick.
@@ -140,17 +143,36 @@ template <typename T> struct Batch {
   int64_t nbatch, n, m, d, sx, syt, sh;
 };
 
-// The loop shared by the four primitives. A task is (problem b, super-block of Prim::kGroups * R rows
-// starting at i0); OpenMP hands out tasks dynamically, Prim::kChunk at a time. For each column tile of
-// the task, every group of R rows gets its squared distances s (R x jn) from sq_dist_tile and hands them
-// to prim.tile; prim.begin / prim.end open and close a task, prim.merge runs once per thread at the end.
-// Prim is copied per thread (its members are the per-thread state).
-template <typename T, typename Prim> void drive(const Batch<T>& bt, const Prim& proto, int nthreads) {
-  constexpr int rb = Prim::kGroups * R;
+// Column sources of drive: every task of the dense pass sees all the columns [0, m); a task of a block-sparse
+// pass (kernels/blocksparse.py) sees the column ranges [rng[2k], rng[2k+1]) for k in [offs[t], offs[t+1]).
+struct AllCols {
+  int64_t m;
+  int64_t first(int64_t) const { return 0; }
+  int64_t last(int64_t) const { return 1; }
+  int64_t lo(int64_t) const { return 0; }
+  int64_t hi(int64_t) const { return m; }
+};
+struct RangeCols {
+  const int64_t* offs;
+  const int64_t* rng;
+  int64_t first(int64_t t) const { return offs[t]; }
+  int64_t last(int64_t t) const { return offs[t + 1]; }
+  int64_t lo(int64_t k) const { return rng[2 * k]; }
+  int64_t hi(int64_t k) const { return rng[2 * k + 1]; }
+};
+
+// The loop shared by the four primitives. A task is (problem b, super-block of rb rows starting at i0), with
+// rb = Prim::kGroups * R for the dense pass and RB for a block-sparse one; OpenMP hands out tasks dynamically,
+// Prim::kChunk at a time. For each column tile of each column range of the task, every group of R rows gets
+// its squared distances s (R x jn) from sq_dist_tile and hands them to prim.tile; prim.begin / prim.end open
+// and close a task, prim.merge runs once per thread at the end. Prim is copied per thread (its members are the
+// per-thread state). ld is the row stride of yt (>= every column range end rounded up to W).
+template <typename T, typename Prim, typename Cols>
+void drive(const Batch<T>& bt, int64_t ld, int rb, const Cols& cols, const Prim& proto, int nthreads) {
   const int64_t nblocks = (bt.n + rb - 1) / rb;
   const int64_t ntasks = bt.nbatch * nblocks;
-  const int64_t ld = (bt.m + W - 1) / W * W;  // row stride of yt
   const int64_t d = bt.d;
+  const int groups = rb / R;
   if (ntasks == 0) return;
 #pragma omp parallel num_threads(nthreads)
   {
@@ -164,21 +186,28 @@ template <typename T, typename Prim> void drive(const Batch<T>& bt, const Prim& 
       const int64_t i0 = (t - b * nblocks) * rb;
       const T* yt = bt.yt + b * bt.syt;
       const T* h = bt.h ? bt.h + b * bt.sh : nullptr;
-      const int ng = (int)std::min<int64_t>(Prim::kGroups, (bt.n - i0 + R - 1) / R);  // groups with real rows
+      const int ng = (int)std::min<int64_t>(groups, (bt.n - i0 + R - 1) / R);  // groups with real rows
       load_rows(bt.x + b * bt.sx, bt.n, d, i0, xb.data(), ng * R);
       prim.begin();
-      for (int64_t j0 = 0; j0 < bt.m; j0 += TJ) {
-        const int jn = (int)std::min<int64_t>(TJ, bt.m - j0);
-        for (int gi = 0; gi < ng; ++gi) {
-          const T* xg = xb.data() + gi * R * d;
-          sq_dist_tile<T>(xg, yt, ld, d, j0, jn, s);
-          prim.tile(gi * R, s, xg, yt + j0, ld, d, h ? h + j0 : nullptr, j0, jn);
+      for (int64_t k = cols.first(t); k < cols.last(t); ++k) {
+        const int64_t jend = cols.hi(k);
+        for (int64_t j0 = cols.lo(k); j0 < jend; j0 += TJ) {
+          const int jn = (int)std::min<int64_t>(TJ, jend - j0);
+          for (int gi = 0; gi < ng; ++gi) {
+            const T* xg = xb.data() + gi * R * d;
+            sq_dist_tile<T>(xg, yt, ld, d, j0, jn, s);
+            prim.tile(gi * R, s, xg, yt + j0, ld, d, h ? h + j0 : nullptr, j0, jn);
+          }
         }
       }
       prim.end(b, i0, (int)std::min<int64_t>(rb, bt.n - i0));
     }
     prim.merge();
   }
+}
+
+template <typename T, typename Prim> void drive_dense(const Batch<T>& bt, const Prim& proto, int nthreads) {
+  drive<T>(bt, (bt.m + W - 1) / W * W, Prim::kGroups * R, AllCols{bt.m}, proto, nthreads);
 }
 
 // Online log-sum-exp state of the rows of one task: running max m and sum s rescaled by exp(m_old - m_new).
@@ -294,31 +323,33 @@ template <typename T> struct WMean : LseRows<T> {
   void merge() {}
 };
 
-// out_i = argmax_j (h_j - C_ij / eps), the first maximal index (as torch.argmax); 0 if h is all -inf.
+// out_i = argmax_j (h_j - C_ij / eps), the first maximal index (as torch.argmax); `none` (0 for the dense pass)
+// if h is all -inf or the row has no column.
 template <typename T> struct Argmax {
   static constexpr int kGroups = 1, kChunk = 4;
   int p;
   T inv_eps;
   int64_t* out;
   int64_t sout;
-  T best[R];
-  int64_t arg[R];
+  int64_t none = 0;
+  T best[G * R];
+  int64_t arg[G * R];
   void setup(int64_t) {}
   void begin() {
-    for (int r = 0; r < R; ++r) {
+    for (int r = 0; r < G * R; ++r) {
       best[r] = -std::numeric_limits<T>::infinity();
-      arg[r] = 0;
+      arg[r] = none;
     }
   }
-  void tile(int, T (*__restrict s)[TJ], const T*, const T*, int64_t, int64_t, const T* __restrict h, int64_t j0,
-            int jn) {
+  void tile(int r0, T (*__restrict s)[TJ], const T*, const T*, int64_t, int64_t, const T* __restrict h,
+            int64_t j0, int jn) {
     for (int r = 0; r < R; ++r) {
       const T bm = logits_row<T>(s[r], h, jn, p, inv_eps);
-      if (bm > best[r]) {  // strict: the first maximal index wins
+      if (bm > best[r0 + r]) {  // strict: the first maximal index wins
         int j = 0;
         while (s[r][j] != bm) ++j;
-        best[r] = bm;
-        arg[r] = j0 + j;
+        best[r0 + r] = bm;
+        arg[r0 + r] = j0 + j;
       }
     }
   }
@@ -352,12 +383,170 @@ template <typename T> struct MaxSq {
   }
 };
 
+// ------------------------------------------------------------------------------------- block pruning
+// Blocks of a block-sparse pass (kernels/blocksparse.py): the points of each problem are sorted along a
+// space-filling curve and cut into blocks of RB consecutive points with bounding boxes lo, hi (nblk, d);
+// KS consecutive blocks form a super-block. For a pair of boxes, gap2 / far2 are the smallest / largest
+// squared distance between a point of one box and a point of the other.
+constexpr int KS = 16;
+
+inline void box_pair(const double* alo, const double* ahi, const double* blo, const double* bhi, int64_t d,
+                     double& gap2, double& far2) {
+  double g = 0.0, f = 0.0;
+  for (int64_t k = 0; k < d; ++k) {
+    const double gk = std::max(0.0, std::max(blo[k] - ahi[k], alo[k] - bhi[k]));
+    const double fk = std::max(bhi[k] - alo[k], ahi[k] - blo[k]);
+    g += gk * gk;
+    f += fk * fk;
+  }
+  gap2 = g;
+  far2 = f;
+}
+
+// Bounds of one pair of boxes A (rows), B (columns of block j). LSE mode: every row x in A has
+//   LSE_{j in B}[h_j - C(x, y_j) / eps] >= lo = lse_j - C(far) / eps   and   <= up = lse_j - C(gap) / eps,
+// and, at p = 2 with a linear trend (top, beta) of h on B (h_j <= top_j + beta_j . (y_j - c), c the centre of
+// B), also <= top_j + max_{x in A, y in B} [beta_j . (y - c) - |x - y|^2 / (2 eps)], which is separable per
+// coordinate and much tighter when h varies across the block (h = log b + g / eps with a potential g: the
+// trend of g and that of the cost cancel near the transport target). Max-cost mode (lse == nullptr): the
+// pair's largest squared distance lies in [lo, up] = [gap2, far2].
+struct PairBounds {
+  const double* lse;   // nullptr: max-cost mode
+  const double* top;   // nullptr: no trend bound
+  const double* beta;  // (nblk, d)
+  int p;
+  double eps;
+  void operator()(const double* alo, const double* ahi, const double* blo, const double* bhi, int64_t d,
+                  int64_t j, double& lo, double& up) const {
+    double gap2, far2;
+    box_pair(alo, ahi, blo, bhi, d, gap2, far2);
+    if (lse == nullptr) {
+      lo = gap2;
+      up = far2;
+      return;
+    }
+    const double cg = p == 1 ? std::sqrt(gap2) : 0.5 * gap2, cf = p == 1 ? std::sqrt(far2) : 0.5 * far2;
+    lo = lse[j] - cf / eps;
+    up = lse[j] - cg / eps;
+    if (top == nullptr || p != 2 || !(up > -std::numeric_limits<double>::infinity())) return;
+    double t = top[j];
+    for (int64_t k = 0; k < d; ++k) {
+      const double bk = beta[j * d + k], c = 0.5 * (blo[k] + bhi[k]);
+      if (bk == 0.0) {  // max of -dist(y, [alo, ahi])^2 / (2 eps) over [blo, bhi]: the squared gap
+        const double gk = std::max(0.0, std::max(blo[k] - ahi[k], alo[k] - bhi[k]));
+        t -= 0.5 * gk * gk / eps;
+        continue;
+      }
+      // concave in y: the unconstrained maximiser (ahi + eps bk, or alo + eps bk), clamped to [blo, bhi]
+      const double yk = std::min(bhi[k], std::max(blo[k], (bk > 0.0 ? ahi[k] : alo[k]) + eps * bk));
+      const double dk = std::max(0.0, std::max(yk - ahi[k], alo[k] - yk));
+      t += bk * (yk - c) - 0.5 * dk * dk / eps;
+    }
+    up = std::min(up, t);
+  }
+};
+
+// The kept column blocks of every row block, in two levels. Level 1, per row super-block S: the bound
+// L_S = max(max_T lo(S, T), min_{I in S} max_J lo(I, J)) over the column super-blocks T and the blocks J of the
+// four T of largest up(S, T) (the second term matters when S is wide against eps); T is kept if
+// up(S, T) >= L_S + slack1. Level 2, per row block I of S: L_I = max(L_S, max_J lo(I, J)) over the blocks J of
+// the kept T; J is kept if up(I, J) >= L_I + slack2. Runs of consecutive kept J become one column range. In
+// LSE mode L_I is a lower bound of every row's LSE, and slack_k = log(thr / 2) - log(#candidates of level k),
+// so the dropped terms of a row sum to at most thr times the row's sum; in max-cost mode the slacks are 0 and
+// L_S is a lower bound of the problem's largest squared distance, so no dropped pair holds it.
+struct Pruned {
+  std::vector<int64_t> count;  // ranges per row block of the super-block
+  std::vector<int64_t> rng;    // (start, end) column pairs
+  double kept = 0.0;           // row-column pairs kept
+};
+
+// Boxes of one level of one problem: lo, hi (nblk, d).
+struct Boxes {
+  const double* lo;
+  const double* hi;
+  const double* l(int64_t i, int64_t d) const { return lo + i * d; }
+  const double* h(int64_t i, int64_t d) const { return hi + i * d; }
+};
+
+void prune_task(int64_t s, Boxes rb, Boxes rs, int64_t nrb, Boxes cb, Boxes cs, int64_t ncb, int64_t nct,
+                int64_t n, int64_t m, int64_t d, const PairBounds& bnd, const PairBounds& sbnd, double slack1,
+                double slack2, Pruned& out) {
+  const double ninf = -std::numeric_limits<double>::infinity();
+  const bool lse_mode = bnd.lse != nullptr;
+  const int64_t i_end = std::min(nrb, (s + 1) * KS);
+  std::vector<int64_t> keep_t;
+  std::vector<double> lo_t(nct), up_t(nct);
+  double ls = ninf;
+  std::vector<int64_t> order(nct);
+  for (int64_t t = 0; t < nct; ++t) {
+    sbnd(rs.l(s, d), rs.h(s, d), cs.l(t, d), cs.h(t, d), d, t, lo_t[t], up_t[t]);
+    ls = std::max(ls, lo_t[t]);
+    order[t] = t;
+  }
+  if (lse_mode) {  // a tighter bound for every row of S: min over its blocks I of max lo(I, J), J in the best T
+    const int64_t nbest = std::min<int64_t>(4, nct);
+    std::partial_sort(order.begin(), order.begin() + nbest, order.end(),
+                      [&](int64_t a, int64_t b) { return up_t[a] > up_t[b]; });
+    double lmin = std::numeric_limits<double>::infinity();
+    for (int64_t i = s * KS; i < i_end; ++i) {
+      double li = -std::numeric_limits<double>::infinity();
+      for (int64_t q = 0; q < nbest; ++q)
+        for (int64_t j = order[q] * KS; j < std::min(ncb, (order[q] + 1) * KS); ++j) {
+          double lo, up;
+          bnd(rb.l(i, d), rb.h(i, d), cb.l(j, d), cb.h(j, d), d, j, lo, up);
+          li = std::max(li, lo);
+        }
+      lmin = std::min(lmin, li);
+    }
+    ls = std::max(ls, lmin);
+  }
+  for (int64_t t = 0; t < nct; ++t)
+    if (up_t[t] > ninf && up_t[t] >= ls + slack1) keep_t.push_back(t);
+  std::vector<int64_t> cand;
+  std::vector<double> up_j;
+  for (int64_t i = s * KS; i < i_end; ++i) {
+    cand.clear();
+    up_j.clear();
+    double li = ls;
+    for (int64_t t : keep_t) {
+      const int64_t j_end = std::min(ncb, (t + 1) * KS);
+      for (int64_t j = t * KS; j < j_end; ++j) {
+        double lo, up;
+        bnd(rb.l(i, d), rb.h(i, d), cb.l(j, d), cb.h(j, d), d, j, lo, up);
+        li = std::max(li, lo);
+        if (up > ninf) {
+          cand.push_back(j);
+          up_j.push_back(up);
+        }
+      }
+    }
+    int64_t nr = 0, last = -2, cols = 0;
+    if (!lse_mode || li > ninf) {
+      for (size_t c = 0; c < cand.size(); ++c) {
+        if (up_j[c] < li + slack2) continue;
+        const int64_t j = cand[c], a = j * RB, e = std::min(m, (j + 1) * RB);
+        if (j == last + 1) {
+          out.rng.back() = e;
+        } else {
+          out.rng.push_back(a);
+          out.rng.push_back(e);
+          ++nr;
+        }
+        cols += e - a;
+        last = j;
+      }
+    }
+    out.count.push_back(nr);
+    out.kept += (double)cols * (double)(std::min(n, (i + 1) * RB) - i * RB);
+  }
+}
+
 }  // namespace
 
 extern "C" {
 
 // Version of the entry points below; the loader refuses a library whose version differs from its own.
-int srot_abi_version() { return 2; }
+int srot_abi_version() { return 3; }
 
 // Every entry point takes a batch of nbatch problems of the same sizes (n, m, d): problem b reads
 // x + b * sx (n, d) row-major, yt + b * syt (d, ld) = y transposed with ld = m rounded up to a multiple of
@@ -372,7 +561,7 @@ int srot_abi_version() { return 2; }
     prim.eps = eps;                                                                                        \
     prim.out = out;                                                                                        \
     prim.sout = sout;                                                                                      \
-    drive<T>(Batch<T>{x, yt, h, nbatch, n, m, d, sx, syt, sh}, prim, nthreads);                           \
+    drive_dense<T>(Batch<T>{x, yt, h, nbatch, n, m, d, sx, syt, sh}, prim, nthreads);                           \
   }                                                                                                        \
   void srot_wmean_##SUF(const T* x, const T* yt, const T* h, int64_t nbatch, int64_t n, int64_t m,         \
                         int64_t d, int64_t sx, int64_t syt, int64_t sh, int p, double eps, int phi, T* out, \
@@ -383,7 +572,7 @@ int srot_abi_version() { return 2; }
     prim.phi = phi;                                                                                        \
     prim.out = out;                                                                                        \
     prim.sout = sout;                                                                                      \
-    drive<T>(Batch<T>{x, yt, h, nbatch, n, m, d, sx, syt, sh}, prim, nthreads);                           \
+    drive_dense<T>(Batch<T>{x, yt, h, nbatch, n, m, d, sx, syt, sh}, prim, nthreads);                           \
   }                                                                                                        \
   void srot_argmax_##SUF(const T* x, const T* yt, const T* h, int64_t nbatch, int64_t n, int64_t m,        \
                          int64_t d, int64_t sx, int64_t syt, int64_t sh, int p, double eps, int64_t* out,  \
@@ -393,17 +582,187 @@ int srot_abi_version() { return 2; }
     prim.inv_eps = T(1.0 / eps);                                                                           \
     prim.out = out;                                                                                        \
     prim.sout = sout;                                                                                      \
-    drive<T>(Batch<T>{x, yt, h, nbatch, n, m, d, sx, syt, sh}, prim, nthreads);                           \
+    drive_dense<T>(Batch<T>{x, yt, h, nbatch, n, m, d, sx, syt, sh}, prim, nthreads);                           \
   }                                                                                                        \
   void srot_max_sq_##SUF(const T* x, const T* yt, int64_t nbatch, int64_t n, int64_t m, int64_t d,         \
                          int64_t sx, int64_t syt, double* out, int nthreads) {                             \
     MaxSq<T> prim;                                                                                         \
     prim.out = out;                                                                                        \
     prim.nbatch = nbatch;                                                                                  \
-    drive<T>(Batch<T>{x, yt, nullptr, nbatch, n, m, d, sx, syt, 0}, prim, nthreads);                      \
+    drive_dense<T>(Batch<T>{x, yt, nullptr, nbatch, n, m, d, sx, syt, 0}, prim, nthreads);                      \
   }
 
 SROT_DEFINE(float, f32)
 SROT_DEFINE(double, f64)
+
+// Block pruning of a batch of nbatch problems (n rows, m columns, dimension d). Row block I of problem b has
+// the box rlo, rhi + (b * nrb + I) * d and covers the sorted rows [I RB, min(n, (I + 1) RB)); row super-block S
+// (blocks [S KS, (S + 1) KS)) has rslo, rshi + (b * nst + S) * d; the same for the columns (ncb blocks, nct
+// super-blocks). Column statistics per block / super-block (LSE mode): lse = LSE of h, and, optionally (top,
+// beta may be null), the linear trend of h (PairBounds); lse == nullptr selects the max-cost mode. Writes offs
+// (nbatch * nrb + 1) and, when the total number of column ranges fits in cap, rng (2 per range);
+// kept[0] = row-column pairs kept. Returns the number of ranges.
+int64_t srot_bs_prune(const double* rlo, const double* rhi, const double* rslo, const double* rshi, int64_t nrb,
+                      const double* clo, const double* chi, const double* cslo, const double* cshi, int64_t ncb,
+                      const double* lse, const double* top, const double* beta, const double* slse,
+                      const double* stop, const double* sbeta, int64_t nbatch, int64_t n, int64_t m, int64_t d,
+                      int p, double eps, double log_thr, int64_t* offs, int64_t* rng,
+                      int64_t cap, double* kept, int nthreads) {
+  const int64_t nst = (nrb + KS - 1) / KS, nct = (ncb + KS - 1) / KS;
+  const bool lse_mode = lse != nullptr, trend = top != nullptr && stop != nullptr;
+  const double slack1 = lse_mode ? log_thr - std::log(2.0) - std::log((double)nct) : 0.0;
+  const double slack2 = lse_mode ? log_thr - std::log(2.0) - std::log((double)ncb) : 0.0;
+  std::vector<Pruned> res(nbatch * nst);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
+  for (int64_t task = 0; task < nbatch * nst; ++task) {
+    const int64_t b = task / nst, s = task - b * nst;
+    const PairBounds bnd{lse_mode ? lse + b * ncb : nullptr, trend ? top + b * ncb : nullptr,
+                         trend ? beta + b * ncb * d : nullptr, p, eps};
+    const PairBounds sbnd{lse_mode ? slse + b * nct : nullptr, trend ? stop + b * nct : nullptr,
+                          trend ? sbeta + b * nct * d : nullptr, p, eps};
+    prune_task(s, Boxes{rlo + b * nrb * d, rhi + b * nrb * d}, Boxes{rslo + b * nst * d, rshi + b * nst * d}, nrb,
+               Boxes{clo + b * ncb * d, chi + b * ncb * d}, Boxes{cslo + b * nct * d, cshi + b * nct * d}, ncb, nct,
+               n, m, d, bnd, sbnd, slack1, slack2, res[task]);
+  }
+  int64_t total = 0, row = 0;
+  double k = 0.0;
+  offs[0] = 0;
+  for (const Pruned& r : res) {
+    for (int64_t c : r.count) {
+      offs[row + 1] = offs[row] + c;
+      ++row;
+    }
+    if (total + (int64_t)r.rng.size() / 2 <= cap) std::copy(r.rng.begin(), r.rng.end(), rng + 2 * total);
+    total += (int64_t)r.rng.size() / 2;
+    k += r.kept;
+  }
+  kept[0] = k;
+  return total;
+}
+
+
+// Column statistics of groups of `size` consecutive sorted columns (kernels/blocksparse.py), per problem b and
+// group g with box centre c (lo, hi (ng, d)): lse = LSE_j h_j; with top != nullptr also the least-squares
+// linear trend beta of h about c over the finite h_j (ridge-regularised normal equations; any beta gives a
+// valid bound) and top = max_j (h_j - beta . (y_j - c)). -inf where every h_j of the group is -inf.
+void srot_bs_col_stats(const double* h, const double* y, const double* lo, const double* hi, int64_t nbatch,
+                       int64_t m, int64_t d, int64_t size, double* lse, double* top, double* beta, int nthreads) {
+  const int64_t ng = (m + size - 1) / size;
+  const double ninf = -std::numeric_limits<double>::infinity();
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+  for (int64_t task = 0; task < nbatch * ng; ++task) {
+    const int64_t b = task / ng, g = task - b * ng;
+    const double* hb = h + b * m;
+    const double* yb = y + b * m * d;
+    const int64_t j0 = g * size, j1 = std::min(m, j0 + size);
+    double mx = ninf;
+    for (int64_t j = j0; j < j1; ++j) mx = std::max(mx, hb[j]);
+    double acc = 0.0;
+    if (mx > ninf)
+      for (int64_t j = j0; j < j1; ++j) acc += std::exp(hb[j] - mx);
+    lse[task] = mx > ninf ? mx + std::log(acc) : ninf;
+    if (top == nullptr) continue;
+    double c[3] = {0, 0, 0}, bt[3] = {0, 0, 0};
+    for (int64_t k = 0; k < d; ++k) c[k] = 0.5 * (lo[task * d + k] + hi[task * d + k]);
+    if (mx > ninf) {
+      // weighted sums over the finite h_j of dy = y_j - c and t = h_j - mx
+      double cnt = 0, sy[3] = {0, 0, 0}, st = 0, syy[3][3] = {{0}}, syt[3] = {0, 0, 0};
+      for (int64_t j = j0; j < j1; ++j) {
+        if (!(hb[j] > ninf)) continue;
+        const double t = hb[j] - mx;
+        double dy[3];
+        for (int64_t k = 0; k < d; ++k) dy[k] = yb[j * d + k] - c[k];
+        cnt += 1;
+        st += t;
+        for (int64_t k = 0; k < d; ++k) {
+          sy[k] += dy[k];
+          syt[k] += dy[k] * t;
+          for (int64_t l = 0; l < d; ++l) syy[k][l] += dy[k] * dy[l];
+        }
+      }
+      // centred normal equations  Cov(dy) beta = Cov(dy, t),  plus a tiny ridge; Gaussian elimination (SPD)
+      double a[3][4], tr = 0;
+      for (int64_t k = 0; k < d; ++k) {
+        for (int64_t l = 0; l < d; ++l) a[k][l] = syy[k][l] - sy[k] * sy[l] / cnt;
+        a[k][d] = syt[k] - sy[k] * st / cnt;
+        tr += a[k][k];
+      }
+      const double ridge = 1e-12 * tr + 1e-300;
+      for (int64_t k = 0; k < d; ++k) a[k][k] += ridge;
+      for (int64_t k = 0; k < d; ++k)
+        for (int64_t r = k + 1; r < d; ++r) {
+          const double f = a[r][k] / a[k][k];
+          for (int64_t l = k; l <= d; ++l) a[r][l] -= f * a[k][l];
+        }
+      for (int64_t k = d - 1; k >= 0; --k) {
+        double v = a[k][d];
+        for (int64_t l = k + 1; l < d; ++l) v -= a[k][l] * bt[l];
+        bt[k] = v / a[k][k];
+        if (!std::isfinite(bt[k])) bt[k] = 0.0;
+      }
+    }
+    double tp = ninf;
+    for (int64_t j = j0; j < j1; ++j) {
+      if (!(hb[j] > ninf)) continue;
+      double v = hb[j];
+      for (int64_t k = 0; k < d; ++k) v -= bt[k] * (yb[j * d + k] - c[k]);
+      tp = std::max(tp, v);
+    }
+    top[task] = tp;
+    for (int64_t k = 0; k < d; ++k) beta[task * d + k] = bt[k];
+  }
+}
+
+// Block-sparse passes: as the dense entry points, on sorted points, with ld the row stride of yt
+// (>= round_up(m, W) + W) and the column ranges offs, rng of srot_bs_prune; one task per row block of RB rows.
+// Argmax writes -1 for a row without any column.
+#define SROT_DEFINE_SPARSE(T, SUF)                                                                          \
+  void srot_bs_softmin_##SUF(const T* x, const T* yt, const T* h, int64_t nbatch, int64_t n, int64_t m,    \
+                             int64_t d, int64_t sx, int64_t syt, int64_t sh, int64_t ld, const int64_t* offs, \
+                             const int64_t* rng, int p, double eps, T* out, int64_t sout, int nthreads) {   \
+    Softmin<T> prim;                                                                                       \
+    prim.p = p;                                                                                            \
+    prim.inv_eps = T(1.0 / eps);                                                                           \
+    prim.eps = eps;                                                                                        \
+    prim.out = out;                                                                                        \
+    prim.sout = sout;                                                                                      \
+    drive<T>(Batch<T>{x, yt, h, nbatch, n, m, d, sx, syt, sh}, ld, RB, RangeCols{offs, rng}, prim, nthreads); \
+  }                                                                                                        \
+  void srot_bs_wmean_##SUF(const T* x, const T* yt, const T* h, int64_t nbatch, int64_t n, int64_t m,      \
+                           int64_t d, int64_t sx, int64_t syt, int64_t sh, int64_t ld, const int64_t* offs, \
+                           const int64_t* rng, int p, double eps, int phi, T* out, int64_t sout,           \
+                           int nthreads) {                                                                 \
+    WMean<T> prim;                                                                                         \
+    prim.p = p;                                                                                            \
+    prim.inv_eps = T(1.0 / eps);                                                                           \
+    prim.phi = phi;                                                                                        \
+    prim.out = out;                                                                                        \
+    prim.sout = sout;                                                                                      \
+    drive<T>(Batch<T>{x, yt, h, nbatch, n, m, d, sx, syt, sh}, ld, RB, RangeCols{offs, rng}, prim, nthreads); \
+  }                                                                                                        \
+  void srot_bs_argmax_##SUF(const T* x, const T* yt, const T* h, int64_t nbatch, int64_t n, int64_t m,     \
+                            int64_t d, int64_t sx, int64_t syt, int64_t sh, int64_t ld, const int64_t* offs, \
+                            const int64_t* rng, int p, double eps, int64_t* out, int64_t sout,             \
+                            int nthreads) {                                                                \
+    Argmax<T> prim;                                                                                        \
+    prim.p = p;                                                                                            \
+    prim.inv_eps = T(1.0 / eps);                                                                           \
+    prim.out = out;                                                                                        \
+    prim.sout = sout;                                                                                      \
+    prim.none = -1;                                                                                        \
+    drive<T>(Batch<T>{x, yt, h, nbatch, n, m, d, sx, syt, sh}, ld, RB, RangeCols{offs, rng}, prim, nthreads); \
+  }                                                                                                        \
+  void srot_bs_max_sq_##SUF(const T* x, const T* yt, int64_t nbatch, int64_t n, int64_t m, int64_t d,      \
+                            int64_t sx, int64_t syt, int64_t ld, const int64_t* offs, const int64_t* rng,   \
+                            double* out, int nthreads) {                                                   \
+    MaxSq<T> prim;                                                                                         \
+    prim.out = out;                                                                                        \
+    prim.nbatch = nbatch;                                                                                  \
+    drive<T>(Batch<T>{x, yt, nullptr, nbatch, n, m, d, sx, syt, 0}, ld, RB, RangeCols{offs, rng}, prim,     \
+             nthreads);                                                                                    \
+  }
+
+SROT_DEFINE_SPARSE(float, f32)
+SROT_DEFINE_SPARSE(double, f64)
 
 }  // extern "C"
