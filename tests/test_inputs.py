@@ -1,5 +1,6 @@
 """Bad inputs raise ValueError / TypeError whose message names the offending argument."""
 import math
+import os
 
 import pytest
 import torch
@@ -339,6 +340,8 @@ def test_srotloss_under_cpu_autocast_bfloat16(backend):
     rounding is up to 2^-8), within 2e-2 relative of the float32 network's value, and gradients reach the network's
     weights, within 5e-2 of the float32 ones (relative to their largest entry: bfloat16 rounding of the
     features and of the backward's matmuls)."""
+    if backend == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("CPU autocast reaches Triton only under TRITON_INTERPRET=1 (test_gpu.py has the CUDA variant)")
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(40, 5, generator=gen), torch.randn(33, 5, generator=gen) + 0.5
     torch.manual_seed(0)
