@@ -4,8 +4,8 @@
   float32 (TF32 off) and float64, small d and the large-d ``tl.dot`` path, values and gradients;
 - autotuned launches (n = m = 8192) against float64, float32 and half points;
 - float16 / bfloat16 points on the Triton backend: float32 potentials against float64 on the same rounded
-  points (that the kernels receive the given half tensors is checked in tests/test_batched_kernels.py), value and gradients in the input dtype; SROTLoss under
-  ``torch.autocast("cuda", dtype=torch.bfloat16)``;
+  points (that the kernels receive the given half tensors is checked in tests/test_batched_kernels.py),
+  value and gradients in the input dtype; SROTLoss under ``torch.autocast("cuda", dtype=torch.bfloat16)``;
 - 'auto' picks Triton on CUDA; results stay on the input device;
 - no n x m buffer: CUDA allocator peak of a Triton solve at n = m = 20k far below 4 n m bytes;
 - the VAT detector trains on CUDA (points and images, fused and fd power steps), finds the toy's type-II

@@ -35,12 +35,13 @@ compiled kernel per D). Two ways to form a tile of squared distances:
   where each thread owns a row and reduces its columns in registers (no warp shuffles);
 - *large-d path* (float32 and half points, D >= 32, any D): |x|^2 + |y|^2 - 2 x.y with the cross term
   from ``tl.dot`` over chunks of ``BLOCK_K`` coordinates. Its ``input_precision`` for float32 points
-  (``precision=`` on the launchers, else ``SROT_TRITON_DOT_PRECISION``, else "ieee"):
+  (``precision=`` on the launchers, else ``SROT_TRITON_DOT_PRECISION``, else "tf32x3", which falls back to
+  "ieee" on GPUs without TF32 tensor cores):
 
-  - "ieee" (the default): fp32 FMA on the CUDA cores;
-  - "tf32x3": each operand split into a TF32 high part and a TF32 remainder, hi.hi + hi.lo + lo.hi on the
-    tensor cores with fp32 accumulation: the accuracy of "ieee" (~2e-7 relative on squared distances),
-    faster on GPUs with tensor cores;
+  - "tf32x3" (the default): each operand split into a TF32 high part and a TF32 remainder, hi.hi + hi.lo +
+    lo.hi on the tensor cores with fp32 accumulation: the accuracy of "ieee" (~2e-7 relative on squared
+    distances), faster on GPUs with tensor cores;
+  - "ieee": fp32 FMA on the CUDA cores;
   - "tf32" (opt-in, FlashSinkhorn's default): one tensor-core product of the operands rounded to TF32 (10
     stored significand bits). Squared distances carry relative errors up to about 3e-4 at D = 64, 8e-5 at
     D = 300 and 3e-5 at D = 3072 (median about 10x less; Gaussian and uniform data, CPU simulation of the

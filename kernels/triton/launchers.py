@@ -113,8 +113,8 @@ def _use_dot(path: str, d: int, dtype: torch.dtype) -> bool:
 
 
 _PRECISIONS = ("ieee", "tf32x3", "tf32")
-# The float32 default when neither ``precision=`` nor SROT_TRITON_DOT_PRECISION is given. "tf32x3" has the
-# accuracy of "ieee" and is faster on GPUs with TF32 tensor cores; it becomes the default by setting it here.
+# The float32 default when neither ``precision=`` nor SROT_TRITON_DOT_PRECISION is given: "tf32x3" has the
+# accuracy of "ieee" and is faster on GPUs with TF32 tensor cores ("ieee" on GPUs without them).
 _DEFAULT_PRECISION = "tf32x3"
 
 

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-BACKENDS = ("auto", "tensorized", "cpu", "keops", "triton")
+BACKENDS = ("auto", "tensorized", "cpu", "keops", "triton", "blocksparse")
 EXTRAS_HINT = "pip install 'srot_fast[experiments]'"
 
 
