@@ -17,8 +17,8 @@ that a run cut short still leaves what it measured:
 - ``flash``:      p = 2, d = 64, n = m = ``--flash-n`` (50k): SROTLoss(backend='triton') loss + gradient vs
                   ``flash_sinkhorn.SamplesLoss`` (same blur, scaling, debias off, half cost, TF32 off; with
                   ``--flash-tf32`` also its TF32 default) at equal soft-min passes (2 L + 4: SROTLoss with
-                  ``max_iter = L``; also timed with L + 1), SROTLoss with the tl.dot precision "ieee" (default)
-                  and "tf32x3", forward-only times and one pass of each primitive -- flash-sinkhorn is
+                  ``max_iter = L``; also timed with L + 1), SROTLoss with the tl.dot precision "ieee" and
+                  "tf32x3" (the default), forward-only times and one pass of each primitive -- flash-sinkhorn is
                   skipped with the reason when not importable;
 - ``flow``:       a 2-D gradient flow of ``--flow-n`` (100k) points for ``--flow-steps`` (400) steps of
                   x <- x - lr * grad / a with SROTLoss(p=2, blur=0.05, debias=False): GeomLoss's pass budget
@@ -321,8 +321,8 @@ def section_flash(args) -> dict:
     res.update(n=n, d=d, blur=blur, eps_steps=n_eps, srot_backend=backend)
     # max_iter = L (eps-scaling only): 2 L + 4 soft-min passes, flash-sinkhorn's (GeomLoss's) count for its L
     # symmetric updates + last extrapolation; max_iter = L + 1 adds one alternating update (+1 pass).
-    # The large-d path's tl.dot precision: "ieee" (fp32 FMA, the default) and "tf32x3" (fp32 from three TF32
-    # tensor-core products), both fp32-accurate; plain TF32 never.
+    # The large-d path's tl.dot precision: "ieee" (fp32 FMA) and "tf32x3" (the default: fp32 from three TF32
+    # tensor-core products), both fp32-accurate; the opt-in plain "tf32" is not timed here.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for key, iters, prec in (("srot", n_eps, "ieee"), ("srot_tf32x3", n_eps, "tf32x3"),

@@ -22,9 +22,10 @@ and Cmin(I, J), Cmax(I, J) the smallest / largest cost between the two boxes. Ev
 
 At p = 2 a second upper bound removes the linear trend of h inside J (h = log b + g / eps varies by
 |grad g| x block width / eps across a block, and the trend of g cancels that of the cost near the transport
-target): with h_j <= top_J + beta_J . (y_j - c_J) (beta_J the least-squares slope of h over J, c_J the box
-centre), U_IJ <= top_J + max over x in box I, y in box J of beta_J . (y - c_J) - |x - y|^2 / (2 eps), a
-separable concave maximisation. J is dropped for I when U_IJ < L_I + log(THRESHOLD / 2) - log(number of column
+target): with top_J = max_{j in J} [h_j - beta_J . (y_j - c_J)] + log |J| (beta_J the least-squares slope of h
+over J, c_J the box centre, |J| its columns of finite h), LSE_{j in J} [h_j - beta_J . (y_j - c_J)] <= top_J and
+U_IJ <= top_J + max over x in box I, y in box J of beta_J . (y - c_J) - |x - y|^2 / (2 eps), a separable
+concave maximisation. J is dropped for I when U_IJ < L_I + log(THRESHOLD / 2) - log(number of column
 blocks). The same test runs first on super-block pairs (with the number of column super-blocks; the lower
 bound of a row super-block also takes the min over its blocks of their L_I against the four most promising
 column super-blocks), then on the blocks of the kept super-block pairs, each level with half the budget.
@@ -167,7 +168,8 @@ def _col_stats(lib, hs: torch.Tensor, oy: "_Order", level: int, trend: bool, thr
     top = torch.empty(B, ng, dtype=torch.float64) if trend else None
     beta = torch.empty(B, ng, d, dtype=torch.float64) if trend else None
     size = BLOCK if level == 0 else BLOCK * SUPER
-    lib.srot_bs_col_stats(_ptr(hs), _ptr(oy.pts64()), _ptr(lo), _ptr(hi), B, hs.shape[1], d, size, _ptr(lse),
+    y64 = oy.pts64()  # held here: the kernel reads it through a raw pointer
+    lib.srot_bs_col_stats(_ptr(hs), _ptr(y64), _ptr(lo), _ptr(hi), B, hs.shape[1], d, size, _ptr(lse),
                           None if top is None else _ptr(top), None if beta is None else _ptr(beta),
                           1 if B * hs.shape[1] < 1 << 18 else threads)
     return lse, top, beta

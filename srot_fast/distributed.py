@@ -501,7 +501,7 @@ class SROTLoss(_loss.SROTLoss):
                     diameter=self.diameter, scaling=self.scaling, debias=self.debias, potentials=self.potentials,
                     backend=self.backend, strategy=self.strategy, tol=self.tol, max_iter=self.max_iter,
                     gamma=self.gamma, ce_floor=self.ce_floor, warm_start=self.warm_start, mode=self.mode,
-                    detector=self.detector is not None)
+                    detector=self.detector is not None, value_tol=self.value_tol)
 
     def forward(self, *args, scores=None):
         comm = Comm(self.group)

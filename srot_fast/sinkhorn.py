@@ -309,7 +309,7 @@ def sinkhorn(
             its marginal error is <= 100 tol: the dual objective is read every 8 updates, and the problem
             stops when the geometric tail of its rises, d_k r / (1 - r) with r = d_k / d_{k-1}, is
             <= value_tol |value| (a heuristic estimate, docs/DESIGN.md, Solver).
-            None (default): the marginal test alone. ``SROTLoss`` uses 1e-4.
+            None (default): the marginal test alone. ``SROTLoss`` uses tol / 10 (1e-4 at its default tol).
 
     Returns:
         :class:`SinkhornResult` (potentials, differentiable value, n_iter, marginal error, masses).

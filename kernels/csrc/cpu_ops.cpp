@@ -405,8 +405,8 @@ inline void box_pair(const double* alo, const double* ahi, const double* blo, co
 
 // Bounds of one pair of boxes A (rows), B (columns of block j). LSE mode: every row x in A has
 //   LSE_{j in B}[h_j - C(x, y_j) / eps] >= lo = lse_j - C(far) / eps   and   <= up = lse_j - C(gap) / eps,
-// and, at p = 2 with a linear trend (top, beta) of h on B (h_j <= top_j + beta_j . (y_j - c), c the centre of
-// B), also <= top_j + max_{x in A, y in B} [beta_j . (y - c) - |x - y|^2 / (2 eps)], which is separable per
+// and, at p = 2 with a linear trend (top, beta) of h on B (LSE_{j in B} [h_j - beta_j . (y_j - c)] <= top_j, c the
+// centre of B), also <= top_j + max_{x in A, y in B} [beta_j . (y - c) - |x - y|^2 / (2 eps)], which is separable per
 // coordinate and much tighter when h varies across the block (h = log b + g / eps with a potential g: the
 // trend of g and that of the cost cancel near the transport target). Max-cost mode (lse == nullptr): the
 // pair's largest squared distance lies in [lo, up] = [gap2, far2].
@@ -644,7 +644,8 @@ int64_t srot_bs_prune(const double* rlo, const double* rhi, const double* rslo, 
 // Column statistics of groups of `size` consecutive sorted columns (kernels/blocksparse.py), per problem b and
 // group g with box centre c (lo, hi (ng, d)): lse = LSE_j h_j; with top != nullptr also the least-squares
 // linear trend beta of h about c over the finite h_j (ridge-regularised normal equations; any beta gives a
-// valid bound) and top = max_j (h_j - beta . (y_j - c)). -inf where every h_j of the group is -inf.
+// valid bound) and top = max_j (h_j - beta . (y_j - c)) + log(number of finite h_j), so that
+// LSE_j [h_j - beta . (y_j - c)] <= top. -inf where every h_j of the group is -inf.
 void srot_bs_col_stats(const double* h, const double* y, const double* lo, const double* hi, int64_t nbatch,
                        int64_t m, int64_t d, int64_t size, double* lse, double* top, double* beta, int nthreads) {
   const int64_t ng = (m + size - 1) / size;
@@ -701,14 +702,16 @@ void srot_bs_col_stats(const double* h, const double* y, const double* lo, const
         if (!std::isfinite(bt[k])) bt[k] = 0.0;
       }
     }
-    double tp = ninf;
+    double tp = ninf, count = 0;
     for (int64_t j = j0; j < j1; ++j) {
       if (!(hb[j] > ninf)) continue;
       double v = hb[j];
       for (int64_t k = 0; k < d; ++k) v -= bt[k] * (yb[j * d + k] - c[k]);
       tp = std::max(tp, v);
+      count += 1;
     }
-    top[task] = tp;
+    // a bound on the group's log-sum-exp, not on one term: + log(number of finite h_j)
+    top[task] = count > 0 ? tp + std::log(count) : ninf;
     for (int64_t k = 0; k < d; ++k) beta[task * d + k] = bt[k];
   }
 }
