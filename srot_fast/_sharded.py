@@ -297,18 +297,7 @@ class ShardedPartialGeometry(PartialGeometry):
         """(B,) sum of t (B, n_r + 1) over the real points of every rank, plus the dummy once."""
         return self.real.point_sum(t[..., :-1]) + t[..., -1]
 
-    def _augment(self, real, h: torch.Tensor, eps: float) -> torch.Tensor:
-        rows = -eps * torch.logaddexp(-real / eps, h[:, -1:])                     # + dummy column at cost 0
-        dummy = -eps * self.real.point_logsumexp(h[:, :-1])[:, None]             # dummy row: LSE over all ranks
-        return torch.cat([rows, dummy], -1)
-
-    def rebalance(self, f: torch.Tensor, g: torch.Tensor, log_b: torch.Tensor, eps: float, log_a: torch.Tensor):
-        """:meth:`PartialGeometry.rebalance` with the real plan's mass summed over every rank."""
-        log_real = self.real.point_logsumexp(log_a[:, :-1] + (f[:, :-1] - self._last_real) / eps)
-        c = (0.5 * eps * (math.log(self.mass) - log_real)).nan_to_num(0.0, 0.0, 0.0)[:, None]
-        shift_f = torch.cat([c.expand_as(f[:, :-1]), -c], -1)
-        shift_g = torch.cat([c.expand_as(g[:, :-1]), -c], -1)
-        f, g = f + shift_f, g + shift_g
-        self._last_real = self._last_real - c
-        h = log_b + g / eps
-        return f, g, self._augment(self._last_real, h, eps)
+    def _real_logsumexp(self, t: torch.Tensor) -> torch.Tensor:
+        """(B,) log-sum-exp of t (B, n_r) over the real points of every rank (the dummy row and the partial OT
+        rebalancing step of :class:`PartialGeometry` use it)."""
+        return self.real.point_logsumexp(t)

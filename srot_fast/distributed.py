@@ -507,12 +507,7 @@ class SROTLoss(_loss.SROTLoss):
         comm = Comm(self.group)
 
         def check():
-            if len(args) == 2:
-                a, x, b, y = None, args[0], None, args[1]
-            elif len(args) == 4:
-                a, x, b, y = args
-            else:
-                raise TypeError(f"SROTLoss takes (x, y) or (a, x, b, y), got {len(args)} positional arguments")
+            a, x, b, y = self._split_args(args)
             x, y = _points(x, "x"), _points(y, "y")
             _checks.check_pair(x, y)
             a, b = _weights(a, x, "a"), _weights(b, y, "b")

@@ -94,10 +94,14 @@ class PartialGeometry:
     def subset(self, idx: torch.Tensor) -> "PartialGeometry":
         return PartialGeometry(self.real.subset(idx), self.mass)
 
-    @staticmethod
-    def _augment(real, h: torch.Tensor, eps: float) -> torch.Tensor:
-        rows = -eps * torch.logaddexp(-real / eps, h[:, -1:])        # + dummy column at cost 0
-        dummy = -eps * torch.logsumexp(h[:, :-1], -1, keepdim=True)  # dummy row: cost 0 to real, inf to dummy
+    def _real_logsumexp(self, t: torch.Tensor) -> torch.Tensor:
+        """(B,) log-sum-exp of t (B, n) over the real points (a sharded geometry takes every rank's)."""
+        return torch.logsumexp(t, -1)
+
+    def _augment(self, real, h: torch.Tensor, eps: float) -> torch.Tensor:
+        """(B, n + 1) augmented soft-min from the real one ``real`` (B, n) and log-weights h (B, m + 1)."""
+        rows = -eps * torch.logaddexp(-real / eps, h[:, -1:])              # + dummy column at cost 0
+        dummy = -eps * self._real_logsumexp(h[:, :-1])[:, None]            # dummy row: cost 0 to real, inf to dummy
         return torch.cat([rows, dummy], -1)
 
     def softmin_x(self, h: torch.Tensor, eps: float) -> torch.Tensor:
@@ -111,7 +115,7 @@ class PartialGeometry:
     def rebalance(self, f: torch.Tensor, g: torch.Tensor, log_b: torch.Tensor, eps: float, log_a: torch.Tensor):
         """(f, g, s) shifted along the real / dummy direction to the dual's maximum on it, where s is the row
         soft-min at the new g; the last :meth:`softmin_x` call must have been at this g (no kernel pass)."""
-        log_real = torch.logsumexp(log_a[:, :-1] + (f[:, :-1] - self._last_real) / eps, -1)  # log real plan mass
+        log_real = self._real_logsumexp(log_a[:, :-1] + (f[:, :-1] - self._last_real) / eps)  # log real plan mass
         c = (0.5 * eps * (math.log(self.mass) - log_real)).nan_to_num(0.0, 0.0, 0.0)[:, None]
         shift_f = torch.cat([c.expand_as(f[:, :-1]), -c], -1)
         shift_g = torch.cat([c.expand_as(g[:, :-1]), -c], -1)

@@ -171,13 +171,17 @@ class SROTLoss(nn.Module):
                 f"strategy={self.strategy!r}, debias={self.debias}, backend={self.backend!r}")
 
     # -- call -------------------------------------------------------------------------------------
-    def forward(self, *args, scores=None):
+    @staticmethod
+    def _split_args(args) -> tuple:
+        """(a, x, b, y) from the call's positional arguments (x, y) or (a, x, b, y); a, b None when not given."""
         if len(args) == 2:
-            a, x, b, y = None, args[0], None, args[1]
-        elif len(args) == 4:
-            a, x, b, y = args
-        else:
-            raise TypeError(f"SROTLoss takes (x, y) or (a, x, b, y), got {len(args)} positional arguments")
+            return None, args[0], None, args[1]
+        if len(args) == 4:
+            return tuple(args)
+        raise TypeError(f"SROTLoss takes (x, y) or (a, x, b, y), got {len(args)} positional arguments")
+
+    def forward(self, *args, scores=None):
+        a, x, b, y = self._split_args(args)
         x = _checks.check_points(x, "x", batched=True)
         y = _checks.check_points(y, "y", batched=True)
         _checks.check_pair(x, y)

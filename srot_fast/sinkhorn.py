@@ -400,14 +400,15 @@ def _solve(x, y, a=None, b=None, *, p, eps, penalty="balanced", tau=None, mass=N
             bb = torch.cat([bd, (mass_a - mass).clamp_min(0)[:, None]], -1)
             if init is not None:  # dummy potentials start at 0
                 init = tuple(torch.cat([t, t.new_zeros(t.shape[0], 1)], -1) for t in init)
-            sol = _loop.alternating(PartialGeometry(geom, mass), aa.log(), bb.log(), pen_a, pen_b, eps_list, tol,
+            pgeom = PartialGeometry(geom, mass)
+            sol = _loop.alternating(pgeom, aa.log(), bb.log(), pen_a, pen_b, eps_list, tol,
                                     max_iter, init, accelerate, check_every, value_tol=value_tol)
             f, g = sol.f[:, :-1], sol.g[:, :-1]
             s_real = geom.softmin_x(bd.log() + g / eps, eps)
             t_real = geom.softmin_y(ad.log() + f / eps, eps)
             # the column soft-min of the augmented problem at the final f (the loop's t may predate the
             # last rebalancing shift of f), from the real one: no extra pass
-            t_aug = PartialGeometry._augment(t_real, aa.log() + sol.f / eps, eps)
+            t_aug = pgeom._augment(t_real, aa.log() + sol.f / eps, eps)
             value, ga_aug, gb_aug = _dual_value(aa, bb, sol.f, sol.g, sol.s, t_aug, pen_a, pen_b, eps)
             ga = ga_aug[:, :-1] + gb_aug[:, -1:]  # b'_M = |a| - s depends on a
             gb = gb_aug[:, :-1] + ga_aug[:, -1:]
