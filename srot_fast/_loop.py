@@ -57,8 +57,8 @@ def _identity(t: torch.Tensor) -> torch.Tensor:
 
 def _rank_sum(geom):
     """Completes sums over points already taken on this shard: summed over the ranks of a sharded geometry
-    (its ``comm``, srot_fast.distributed), the identity otherwise."""
-    comm = getattr(geom, "comm", None)
+    (its ``comm``, or that of the geometry a partial one wraps; srot_fast.distributed), the identity otherwise."""
+    comm = getattr(geom, "comm", None) or getattr(getattr(geom, "real", None), "comm", None)
     return comm.sum if comm is not None else _identity
 
 
@@ -385,9 +385,12 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         n_iter = torch.full((batch,), n_done + 1, dtype=torch.int64, device=f.device)
         return Solution(f, g, s, t, n_iter, err, passes, 0, torch.ones_like(err, dtype=torch.bool))
 
-    if relax is None:  # Anderson acceleration, or over-relaxation for partial OT (its rebalancing step)
-        relax = (_Anderson(batch, f, log_b > -math.inf, rank_sum=_rank_sum(geom)) if accelerate and rebalance is None
-                 else _Relaxation(batch, f, enabled=accelerate))
+    if relax is None:  # Anderson acceleration (partial OT: of the update followed by its rebalancing step)
+        mask = log_b > -math.inf
+        if rebalance is not None:  # the dummy point stays out of the least squares (every rank holds a copy)
+            mask[:, -1] = False
+        relax = (_Anderson(batch, f, mask, rank_sum=_rank_sum(geom)) if accelerate
+                 else _Relaxation(batch, f, enabled=False))
     vtest = _ValueTest(value_tol) if vtest is None else vtest
     checks = _Checks(f.device, check_every)
     done = torch.zeros(batch, dtype=torch.bool, device=f.device)

@@ -301,7 +301,7 @@ def sinkhorn(
         backend: 'auto' | 'tensorized' | 'cpu' | 'keops' | 'triton' (see srot_fast.backends).
         init: optional warm start (f0, g0) shaped like the potentials, e.g. those of a previous, nearby
             problem (gradient flows); skips eps-scaling.
-        accelerate: safeguarded Anderson acceleration of the updates (over-relaxation for partial OT; see
+        accelerate: safeguarded Anderson acceleration of the updates (see
             srot_fast._loop); False gives plain alternating Sinkhorn updates.
         check_every: updates between two host checks of the stopping test (default: every update on
             the CPU, adaptive on CUDA, where each check is a device synchronisation).
