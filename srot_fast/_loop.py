@@ -7,11 +7,9 @@ stay on the device; the host only looks at them every ``check_every`` updates (s
 
 One update = one row pass and one column pass:
     f <- A_a(S_x(g)),     g <- A_b(S_y(f)),
-accelerated by :class:`_Anderson` (Anderson acceleration of the map g -> A_b(S_y(A_a(S_x(g))))), or, for partial
-OT, by :class:`_Relaxation` (f <- f + omega (A_a(S_x(g)) - f), the same for g, with omega adapted per problem
-from the observed contraction rate theta of plain Sinkhorn, omega* = 2 / (1 + sqrt(1 - theta)), Young's SOR
-theory; a window of ``WINDOW`` updates whose error did not decrease is undone and omega - 1 halved). Both
-expose ``f_step`` / ``g_step`` and the window hooks the loop calls.
+the new g accelerated by :class:`srot_fast._anderson.Anderson` (Anderson acceleration of the map
+g -> A_b(S_y(A_a(S_x(g))))). For partial OT (dummy points) each update ends with the geometry's exact
+rebalancing step.
 """
 from __future__ import annotations
 
@@ -21,14 +19,13 @@ from typing import Optional, Sequence
 
 import torch
 
+from ._anderson import Anderson, Plain
 from .penalties import Penalty
 
-WINDOW = 8         # updates per relaxation window (rate estimate, safeguard)
-OMEGA_MAX = 1.95   # never relax beyond this (omega -> 2 is the stability limit)
+WINDOW = 8         # updates between two readings of the value test
 COMPACT_MIN = 4    # batches of at least this many problems drop their finished half (see _compact)
 SCALE_TOL = 1e-2   # eps-scaling: relative marginal error each intermediate eps is solved to ...
 SCALE_CAP = 50     # ... in at most this many updates
-DEPTH = 5          # Anderson acceleration: potentials kept in the history
 VALUE_SPAN = 100   # the value test may stop a solve at a marginal error of at most this many times tol
 
 
@@ -96,22 +93,32 @@ class _ValueTest:
     """Stopping on the value: the dual objective D, read every WINDOW updates, rises by d_k per window; when
     the rises shrink, the remaining rise is estimated by the geometric tail d_k r / (1 - r), with r the larger
     of the last two ratios d_k / d_{k-1} (one sharp drop, the end of a fast transient, is not trusted alone).
-    A problem passes when that estimate is <= value_tol |D|. A window that the relaxation safeguard undid
-    never passes, and the loop accepts a pass only at a marginal error <= VALUE_SPAN tol (the estimate is a
-    heuristic; this bounds how far it can stop from the marginal test)."""
+    A problem passes when that estimate is <= value_tol |D|; the loop accepts a pass only at a marginal
+    error <= VALUE_SPAN tol (the estimate is a heuristic; this bounds how far it can stop from the marginal
+    test)."""
 
     def __init__(self, value_tol: Optional[float]):
         self.tol = value_tol
         self.prev: Optional[torch.Tensor] = None   # (B,) D at the last window boundary
         self.rise: Optional[torch.Tensor] = None   # (B,) its rise over the window before
         self.ratio: Optional[torch.Tensor] = None  # (B,) the ratio of the two rises before
+        self.read_at = -1                           # updates at the target eps at the last reading
 
     def subset(self, idx: torch.Tensor) -> "_ValueTest":
         out = _ValueTest(self.tol)
         out.prev, out.rise, out.ratio = (None if t is None else t[idx] for t in (self.prev, self.rise, self.ratio))
+        out.read_at = self.read_at
         return out
 
-    def passed(self, value: torch.Tensor, undone: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def due(self, steps: int) -> bool:
+        """Whether D is read after ``steps`` updates at the target eps: every WINDOW updates, once (a batch
+        compacted right after a reading goes on without reading again)."""
+        if self.tol is None or steps % WINDOW or steps == self.read_at:
+            return False
+        self.read_at = steps
+        return True
+
+    def passed(self, value: torch.Tensor) -> torch.Tensor:
         """(B,) bool: the estimated remaining rise of D is within value_tol |D| (never at the first 4 looks)."""
         out = torch.zeros_like(value, dtype=torch.bool)
         if self.tol is None:
@@ -124,8 +131,6 @@ class _ValueTest:
                     r_max = torch.maximum(r, self.ratio)
                     tail = rise * r_max / (1 - r_max).clamp_min(1e-300)
                     out = (rise >= 0) & (r_max < 1) & (tail <= self.tol * value.abs())
-                    if undone is not None:
-                        out = out & ~undone
                 self.ratio = r
             self.rise = rise
         self.prev = value
@@ -149,147 +154,6 @@ def fit_schedule(eps_list: Sequence[float], budget: int) -> list[float]:
         return eps_list[-1:]
     idx = torch.linspace(0, len(eps_list) - 1, budget).round().long().tolist()
     return [eps_list[i] for i in idx]
-
-
-class _Relaxation:
-    """Per-problem relaxation factor omega (B,), adapted every WINDOW updates from the error decay.
-
-    Over-relaxation starts only in the asymptotic regime, where the linearised theory holds: the error is
-    below ``START_ERR`` and two consecutive plain windows decayed at about the same rate. A relaxed
-    window whose error did not decay is undone (the window's start is restored) and omega - 1 is halved;
-    the cap on omega then recovers by a quarter of the way back to OMEGA_MAX per decaying window.
-    """
-
-    START_ERR = 0.1
-
-    def __init__(self, batch: int, like: torch.Tensor, enabled: bool = True):
-        self.enabled = enabled
-        self.omega = like.new_ones(batch, dtype=torch.float64)
-        self.cap = like.new_full((batch,), OMEGA_MAX, dtype=torch.float64)
-        self.prev_rate = like.new_full((batch,), 2.0, dtype=torch.float64)
-        self.best = like.new_full((batch,), math.inf, dtype=torch.float64)
-        self.start_err: Optional[torch.Tensor] = None
-        self.saved = None
-        self.undone: Optional[torch.Tensor] = None  # (B,) bool: restored at the last window end
-
-    def subset(self, idx: torch.Tensor) -> "_Relaxation":
-        """The state of problems ``idx`` (a smaller batch goes on with what was learnt about omega)."""
-        out = _Relaxation.__new__(_Relaxation)
-        out.enabled = self.enabled
-        out.omega, out.cap, out.prev_rate, out.best = (t[idx] for t in (self.omega, self.cap, self.prev_rate,
-                                                                          self.best))
-        out.start_err, out.saved, out.undone = None, None, None
-        return out
-
-    def window_start(self, err: torch.Tensor, state: tuple) -> None:
-        self.start_err, self.saved = err, state
-
-    def _omega(self, done: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        return torch.where(done, torch.zeros_like(self.omega), self.omega).to(like.dtype)[:, None]
-
-    def f_step(self, f, f_hat, done):
-        """(B, N) relaxed f update (frozen where ``done``)."""
-        return f + self._omega(done, f) * (f_hat - f)
-
-    def g_step(self, g, g_hat, err, done):
-        """(B, M) relaxed g update, g_hat = A_b(S_y(f)) for the new f (frozen where ``done``)."""
-        return g + self._omega(done, g) * (g_hat - g)
-
-    def window_end(self, err: torch.Tensor, state: tuple, done: torch.Tensor) -> tuple:
-        """Adapt omega from the window's decay; restore the window's start where a relaxed window did not
-        decay. ``state`` holds tensors with a leading batch dimension."""
-        if not self.enabled or self.start_err is None:
-            return state
-        w = self.omega
-        rate = (err / self.start_err.clamp_min(1e-300)).clamp_min(1e-300) ** (1.0 / WINDOW)
-        decayed = rate < 1
-        # relaxed, and the error grew past twice its best value (or NaN): back off. Smaller rises are the
-        # transient of over-relaxation (the fast modes oscillate while the slow ones shrink).
-        bad = ~(err <= 2 * self.best) & ~done & (w > 1)
-        self.best = torch.minimum(self.best, err.nan_to_num(math.inf))
-        # Young: for omega <= omega*, the SOR rate lam satisfies (lam + w - 1)^2 = lam w^2 theta
-        theta = ((rate + w - 1) ** 2 / (rate * w * w)).nan_to_num(0.0).clamp(0.0, 1 - 1e-8)
-        w_new = 2.0 / (1.0 + (1.0 - theta).sqrt())
-        steady = ((1 - rate) / (1 - self.prev_rate)).clamp(0.0, 10.0)
-        start = (w == 1) & decayed & (err < self.START_ERR) & (steady > 0.75) & (steady < 1.33)
-        grow = torch.where(decayed & ((w > 1) | start), torch.maximum(w, w_new), w)
-        # while relaxed, a window's error may rise a little; only decaying windows refine omega
-        backoff = 1.0 + (w - 1.0) / 2
-        self.cap = torch.where(bad, torch.minimum(self.cap, backoff),
-                               torch.where(decayed, self.cap + (OMEGA_MAX - self.cap) / 4, self.cap))
-        self.omega = torch.minimum(torch.where(bad, backoff, grow), self.cap)
-        self.prev_rate = torch.where(decayed, rate, torch.full_like(rate, 2.0))
-        self.undone = bad
-        if self.saved is None:
-            return state
-        return tuple(torch.where(bad.reshape(-1, *([1] * (new.dim() - 1))), old, new)
-                     for old, new in zip(self.saved, state))
-
-
-class _Anderson:
-    """Anderson acceleration (type II) of the fixed-point map g -> T(g) = A_b(S_y(A_a(S_x(g)))), per problem.
-
-    With the last k + 1 iterates g_i, their images T(g_i) and residuals r_i = T(g_i) - g_i, the next g is
-    T(g) - dG gamma, where dG, dR hold the differences of consecutive images and residuals and gamma
-    minimises |r - dR gamma| (a (k, k) least-squares solve per problem, in float64, slightly regularised).
-    Safeguard: where the marginal error rose above twice its best value, the plain step T(g) is taken and
-    that problem's history restarts. f is always the exact update A_a(S_x(g)). Residuals count on points of
-    positive weight only (``mask`` (B, M)), so zero-weight padding changes nothing."""
-
-    def __init__(self, batch: int, like: torch.Tensor, mask: torch.Tensor, depth: int = DEPTH,
-                 rank_sum=_identity):
-        self.enabled = True
-        self.depth = depth
-        self.rank_sum = rank_sum  # completes this shard's sums over points (see _rank_sum)
-        self.mask = mask.double()
-        self.images: list = []   # T(g_i), (B, M) each
-        self.resid: list = []    # r_i
-        self.valid = like.new_zeros(batch, dtype=torch.int64)  # entries since the problem's last restart
-        self.best = like.new_full((batch,), math.inf, dtype=torch.float64)
-        self.undone = None
-
-    def subset(self, idx: torch.Tensor) -> "_Anderson":
-        out = _Anderson(int(idx.numel()), self.best, self.mask[idx], self.depth, self.rank_sum)
-        out.images, out.resid = [t[idx] for t in self.images], [t[idx] for t in self.resid]
-        out.valid, out.best = self.valid[idx], self.best[idx]
-        return out
-
-    def window_start(self, err, state) -> None:
-        pass
-
-    def window_end(self, err, state, done) -> tuple:
-        return state
-
-    def f_step(self, f, f_hat, done):
-        return torch.where(done[:, None], f, f_hat)
-
-    def g_step(self, g, g_hat, err, done):
-        bad = ~(err <= 2 * self.best)
-        self.best = torch.minimum(self.best, err.nan_to_num(math.inf))
-        self.images.append(g_hat)
-        self.resid.append(g_hat - g)
-        if len(self.resid) > self.depth + 1:
-            self.images.pop(0)
-            self.resid.pop(0)
-        self.valid = torch.where(bad, torch.ones_like(self.valid), (self.valid + 1).clamp_max(self.depth + 1))
-        k = len(self.resid) - 1
-        if k == 0:
-            return torch.where(done[:, None], g, g_hat)
-        # column c of dR / dG is the difference of entries c and c + 1: kept if both are since the last restart
-        keep = (torch.arange(k, device=g.device)[None, :] >= (k + 1 - self.valid)[:, None]).double()  # (B, k)
-        dR = torch.stack([b - a for a, b in zip(self.resid[:-1], self.resid[1:])], -1).double()
-        dR = dR * keep[:, None] * self.mask[..., None]
-        dG = torch.stack([b - a for a, b in zip(self.images[:-1], self.images[1:])], -1).double() * keep[:, None]
-        rhs = (self.resid[-1].double() * self.mask)[..., None]
-        normal = self.rank_sum(dR.transpose(-1, -2) @ torch.cat([dR, rhs], -1))  # (B, k, k + 1): [gram | dR^T r]
-        gram, rhs = normal[..., :k], normal[..., k:]
-        reg = 1e-10 * gram.diagonal(dim1=-2, dim2=-1).mean(-1) + 1e-300
-        gram = gram + reg[:, None, None] * torch.eye(k, dtype=gram.dtype, device=g.device)
-        # solve_ex: no error check, hence no host synchronisation on CUDA (a failed solve is caught below)
-        gamma = torch.linalg.solve_ex(gram, rhs)[0]
-        g_new = (g_hat.double() - (dG @ gamma)[..., 0]).to(g.dtype)
-        ok = ~bad & (self.rank_sum((~torch.isfinite(g_new)).sum(-1).double()) == 0)
-        return torch.where(done[:, None], g, torch.where(ok[:, None], g_new, g_hat))
 
 
 class _Checks:
@@ -333,8 +197,8 @@ class _Checks:
 
 def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Sequence[float],
                 tol: Optional[float], max_iter: int, init=None, accelerate: bool = True,
-                check_every: Optional[int] = None, relax: Optional["_Relaxation"] = None,
-                value_tol: Optional[float] = None, vtest: Optional[_ValueTest] = None) -> Solution:
+                check_every: Optional[int] = None, value_tol: Optional[float] = None, stepper=None,
+                vtest: Optional[_ValueTest] = None, steps: int = 0) -> Solution:
     """Solve B problems: eps-scaling (symmetric, averaged, as GeomLoss), then accelerated
     alternating updates at the last eps until every problem's relative marginal error is <= tol (or its
     value passed the ``value_tol`` test of :class:`_ValueTest`), or ``max_iter`` updates ran in all
@@ -385,12 +249,11 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         n_iter = torch.full((batch,), n_done + 1, dtype=torch.int64, device=f.device)
         return Solution(f, g, s, t, n_iter, err, passes, 0, torch.ones_like(err, dtype=torch.bool))
 
-    if relax is None:  # Anderson acceleration (partial OT: of the update followed by its rebalancing step)
+    if stepper is None:  # Anderson acceleration (partial OT: of the update followed by its rebalancing step)
         mask = log_b > -math.inf
         if rebalance is not None:  # the dummy point stays out of the least squares (every rank holds a copy)
             mask[:, -1] = False
-        relax = (_Anderson(batch, f, mask, rank_sum=_rank_sum(geom)) if accelerate
-                 else _Relaxation(batch, f, enabled=False))
+        stepper = Anderson(batch, f, mask, rank_sum=_rank_sum(geom)) if accelerate else Plain()
     vtest = _ValueTest(value_tol) if vtest is None else vtest
     checks = _Checks(f.device, check_every)
     done = torch.zeros(batch, dtype=torch.bool, device=f.device)
@@ -398,30 +261,24 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     if init is None and tol is not None:
         n_iter += extra
     t = None
-    it = int(n_iter.max())
-    steps = 0  # updates at the target eps (windows are counted in these)
-    while True:
+    it = it0 = int(n_iter.max())
+    while True:  # ``steps``: updates at the target eps, carried over by _compact (the value test's windows)
         f_hat = pen_a.aprox(s, eps)
         err = marginal_error(log_a, f, s, f_hat, eps, psum) / mass_a
-        window = steps % WINDOW == 0
-        if window and steps > 0:
-            f, g, s, f_hat, err = relax.window_end(err, (f, g, s, f_hat, err), done)
-        if window and vtest.tol is not None:
+        if vtest.due(steps):
             value = dual_value(log_a, log_b, f_hat, g, s, pen_a, pen_b, eps, psum)
-            done = done | (vtest.passed(value, relax.undone if steps > 0 else None) & (err <= VALUE_SPAN * tol))
+            done = done | (vtest.passed(value) & (err <= VALUE_SPAN * tol))
         done = done | (err <= tol)
         n_fin = checks.poll(it, max_iter, done, err, tol)
         if n_fin is not None:
             if n_fin == batch or it >= max_iter:
                 break
-            if batch >= COMPACT_MIN and 2 * n_fin >= batch and steps > 0:  # the rest as a smaller batch
-                return _compact(geom, log_a, log_b, pen_a, pen_b, eps, tol, max_iter - it, relax, vtest,
-                                check_every, done, f, g, s, t, n_iter, err, passes, checks.syncs)
-        if window:
-            relax.window_start(err, (f, g, s, f_hat, err))
-        f = relax.f_step(f, f_hat, done)
+            if batch >= COMPACT_MIN and 2 * n_fin >= batch and it > it0:  # the rest as a smaller batch
+                return _compact(geom, log_a, log_b, pen_a, pen_b, eps, tol, max_iter - it, accelerate, stepper,
+                                vtest, steps, check_every, done, f, g, s, t, n_iter, err, passes, checks.syncs)
+        f = torch.where(done[:, None], f, f_hat)
         t = geom.softmin_y(log_a + f / eps, eps)
-        g = relax.g_step(g, pen_b.aprox(t, eps), err, done)
+        g = stepper.step(g, pen_b.aprox(t, eps), err, done)
         s = geom.softmin_x(log_b + g / eps, eps)
         if rebalance is not None:
             f, g, s = rebalance(f, g, log_b, eps, log_a)
@@ -435,13 +292,14 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     return Solution(f, g, s, t, n_iter, err, passes, checks.syncs, done)
 
 
-def _compact(geom, log_a, log_b, pen_a, pen_b, eps, tol, budget, relax, vtest, check_every, done, f, g, s,
-             t, n_iter, err, passes, syncs) -> Solution:
+def _compact(geom, log_a, log_b, pen_a, pen_b, eps, tol, budget, accelerate, stepper, vtest, steps, check_every,
+             done, f, g, s, t, n_iter, err, passes, syncs) -> Solution:
     """Finish the problems not yet ``done`` as a batch of their own (warm-started at their potentials), so
     that finished problems stop costing kernel work; then put the results back in place."""
     idx = (~done).nonzero()[:, 0]
     sub = alternating(geom.subset(idx), log_a[idx], log_b[idx], pen_a, pen_b, [eps], tol, budget,
-                      (f[idx], g[idx]), relax.enabled, check_every, relax.subset(idx), vtest.tol, vtest.subset(idx))
+                      (f[idx], g[idx]), accelerate, check_every, vtest.tol, stepper.subset(idx), vtest.subset(idx),
+                      steps)
     f, g, s, t, err, n_iter = f.clone(), g.clone(), s.clone(), t.clone(), err.clone(), n_iter.clone()
     f[idx], g[idx], s[idx], t[idx], err[idx] = sub.f, sub.g, sub.s, sub.t, sub.marginal_error
     n_iter[idx] += sub.n_iter

@@ -338,3 +338,37 @@ def test_finished_problems_stop_costing_passes(monkeypatch):
     whole = sinkhorn(X, Y, **kw)
     assert torch.allclose(whole.value, res.value, rtol=1e-8)
     assert compacted < sum(work)
+
+
+def test_value_test_keeps_its_window_across_a_compaction(monkeypatch):
+    """The value test reads the dual objective every WINDOW updates; when half of a batch has finished and the
+    rest goes on as a smaller batch, the readings keep that spacing (they used to restart at the compaction)."""
+    import srot_fast._loop as loop
+
+    g = torch.Generator().manual_seed(11)
+    shifts = torch.tensor([0.2, 0.4, 0.6, 0.8, 3.0, 4.0], dtype=F64)
+    X = torch.randn(6, 60, 2, generator=g, dtype=F64)
+    Y = torch.randn(6, 50, 2, generator=g, dtype=F64) + shifts[:, None, None]
+    updates, readings, compactions = [0], [], []
+    real_value, real_compact, real_step = loop.dual_value, loop._compact, loop.Anderson.step
+
+    def reading(*args, **kwargs):
+        readings.append(updates[0])
+        return real_value(*args, **kwargs)
+
+    def step(self, *args, **kwargs):  # one call per update at the target eps (and in the loose solves)
+        updates[0] += 1
+        return real_step(self, *args, **kwargs)
+
+    def compact(*args, **kwargs):
+        compactions.append(updates[0])
+        return real_compact(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "dual_value", reading)
+    monkeypatch.setattr(loop, "_compact", compact)
+    monkeypatch.setattr(loop.Anderson, "step", step)
+    sinkhorn(X, Y, p=2, eps=0.02, tol=1e-9, value_tol=1e-14, max_iter=20000, backend="tensorized")
+    assert compactions and len(readings) > 4
+    assert readings[-1] > compactions[0]  # readings after the compaction
+    gaps = [b - a for a, b in zip(readings[:-1], readings[1:])]
+    assert all(gap == loop.WINDOW for gap in gaps), gaps
