@@ -32,56 +32,60 @@ class Plain:
 class Anderson:
     """Anderson acceleration (type II) of g -> T(g), per problem.
 
-    With the last k + 1 iterates g_i, their images T(g_i) and residuals r_i = T(g_i) - g_i, the next g is
-    T(g) - dG gamma, where dG, dR hold the differences of consecutive images and residuals and gamma
-    minimises |r - dR gamma| (a (k, k) least-squares solve per problem through its normal equations, in
-    float64, with a relative ridge of 1e-10). Safeguard: where the marginal error rose above twice its best
-    value (or is NaN), the plain step T(g) is taken and that problem's history restarts. Residuals count on
-    points of positive weight only (``mask`` (B, M)), so zero-weight padding changes nothing. ``rank_sum``
-    completes sums over points taken on one shard of a sharded geometry (the identity otherwise)."""
+    From the last k + 1 <= DEPTH + 1 iterates g_i (since the problem's last restart), their images T(g_i) and
+    residuals r_i = T(g_i) - g_i, the next g is the combination sum_i alpha_i T(g_i) (sum alpha_i = 1) whose
+    residuals' combination is smallest: with the newest entry w, T(g_w) - sum_c gamma_c (T(g_w) - T(g_c)),
+    where gamma minimises |r_w - sum_c gamma_c (r_w - r_c)| (a least-squares solve per problem through its
+    normal equations, in float64, with a relative ridge of 1e-10). The history is a ring buffer of DEPTH + 1
+    slots, so an update costs O((DEPTH + 1) M) and a handful of tensor operations for the whole batch.
+    Safeguard: where the marginal error rose above twice its best value (or is NaN), the plain step T(g) is
+    taken and that problem's history restarts. Residuals count on points of positive weight only (``mask``
+    (B, M)), so zero-weight padding changes nothing. ``rank_sum`` completes sums over points taken on one
+    shard of a sharded geometry (the identity otherwise)."""
 
     def __init__(self, batch: int, like: torch.Tensor, mask: torch.Tensor, depth: int = DEPTH,
                  rank_sum=_identity):
         self.depth = depth
         self.rank_sum = rank_sum
         self.mask = mask.double()
-        self.images: list = []   # T(g_i), (B, M) each
-        self.resid: list = []    # r_i, (B, M) each
-        self.valid = like.new_zeros(batch, dtype=torch.int64)  # (B,) entries since the problem's last restart
+        self.images = None  # (B, depth + 1, M) float64 T(g_i), a ring buffer (allocated at the first step)
+        self.resid = None   # (B, depth + 1, M) float64 masked residuals r_i
+        self.slot = 0       # where the next entry goes
+        self.valid = like.new_zeros((batch, depth + 1), dtype=torch.bool)  # (B, depth + 1) slots since restart
         self.best = like.new_full((batch,), math.inf, dtype=torch.float64)  # (B,) smallest error seen
 
     def subset(self, idx: torch.Tensor) -> "Anderson":
         """The state of problems ``idx`` (int64 (K,)), for a smaller batch that goes on from here."""
         out = Anderson(int(idx.numel()), self.best, self.mask[idx], self.depth, self.rank_sum)
-        out.images, out.resid = [t[idx] for t in self.images], [t[idx] for t in self.resid]
-        out.valid, out.best = self.valid[idx], self.best[idx]
+        if self.images is not None:
+            out.images, out.resid = self.images[idx], self.resid[idx]
+        out.slot, out.valid, out.best = self.slot, self.valid[idx], self.best[idx]
         return out
 
     def step(self, g, g_hat, err, done):
         """(B, M) next g from the current g, its image g_hat = T(g) and the (B,) marginal error at g."""
         bad = ~(err <= 2 * self.best)
         self.best = torch.minimum(self.best, err.nan_to_num(math.inf))
-        self.images.append(g_hat)
-        self.resid.append(g_hat - g)
-        if len(self.resid) > self.depth + 1:
-            self.images.pop(0)
-            self.resid.pop(0)
-        self.valid = torch.where(bad, torch.ones_like(self.valid), (self.valid + 1).clamp_max(self.depth + 1))
-        k = len(self.resid) - 1
-        if k == 0:
-            return torch.where(done[:, None], g, g_hat)
-        # column c of dR / dG is the difference of entries c and c + 1: kept if both are since the last restart
-        keep = (torch.arange(k, device=g.device)[None, :] >= (k + 1 - self.valid)[:, None]).double()  # (B, k)
-        dR = torch.stack([b - a for a, b in zip(self.resid[:-1], self.resid[1:])], -1).double()
-        dR = dR * keep[:, None] * self.mask[..., None]
-        dG = torch.stack([b - a for a, b in zip(self.images[:-1], self.images[1:])], -1).double() * keep[:, None]
-        rhs = (self.resid[-1].double() * self.mask)[..., None]
-        normal = self.rank_sum(dR.transpose(-1, -2) @ torch.cat([dR, rhs], -1))  # (B, k, k + 1): [gram | dR^T r]
-        gram, rhs = normal[..., :k], normal[..., k:]
+        if self.images is None:
+            self.images = g.new_zeros((g.shape[0], self.depth + 1, g.shape[1]), dtype=torch.float64)
+            self.resid = torch.zeros_like(self.images)
+        w, self.slot = self.slot, (self.slot + 1) % (self.depth + 1)
+        gh = g_hat.double()
+        self.images[:, w] = gh
+        self.resid[:, w] = (gh - g) * self.mask
+        self.valid = self.valid & ~bad[:, None]
+        self.valid[:, w] = True
+        keep = self.valid[..., None].double()            # (B, k + 1, 1); slot w gives a zero row
+        r_w = self.resid[:, w:w + 1]                     # (B, 1, M)
+        dR = r_w - self.resid                            # (B, k + 1, M); rows of slots before a restart masked below
+        gram = (dR @ dR.transpose(1, 2)) * (keep * keep.transpose(1, 2))
+        normal = self.rank_sum(torch.cat([gram, (dR @ r_w.transpose(1, 2)) * keep], -1))  # [gram | dR r_w]
+        gram, rhs = normal[..., :-1], normal[..., -1:]
         reg = 1e-10 * gram.diagonal(dim1=-2, dim2=-1).mean(-1) + 1e-300
-        gram = gram + reg[:, None, None] * torch.eye(k, dtype=gram.dtype, device=g.device)
+        gram = gram + reg[:, None, None] * torch.eye(self.depth + 1, dtype=gram.dtype, device=g.device)
         # solve_ex: no error check, hence no host synchronisation on CUDA (a failed solve is caught below)
-        gamma = torch.linalg.solve_ex(gram, rhs)[0]
-        g_new = (g_hat.double() - (dG @ gamma)[..., 0]).to(g.dtype)
+        gamma = torch.linalg.solve_ex(gram, rhs)[0]     # (B, k + 1, 1)
+        # gamma is 0 on the masked slots (their rows and columns of the normal equations are 0 but the ridge)
+        g_new = (gh - (gamma.transpose(1, 2) @ (self.images[:, w:w + 1] - self.images))[:, 0]).to(g.dtype)
         ok = ~bad & (self.rank_sum((~torch.isfinite(g_new)).sum(-1).double()) == 0)
         return torch.where(done[:, None], g, torch.where(ok[:, None], g_new, g_hat))
