@@ -198,19 +198,22 @@ class _Checks:
 def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Sequence[float],
                 tol: Optional[float], max_iter: int, init=None, accelerate: bool = True,
                 check_every: Optional[int] = None, value_tol: Optional[float] = None, stepper=None,
-                vtest: Optional[_ValueTest] = None, steps: int = 0) -> Solution:
+                vtest: Optional[_ValueTest] = None, steps: int = 0, need_t: bool = True) -> Solution:
     """Solve B problems: eps-scaling (symmetric, averaged, as GeomLoss), then accelerated
     alternating updates at the last eps until every problem's relative marginal error is <= tol (or its
     value passed the ``value_tol`` test of :class:`_ValueTest`), or ``max_iter`` updates ran in all
     (eps-scaling included). ``tol=None``: GeomLoss's fixed schedule (eps-scaling, then one simultaneous
-    extrapolation step). ``init=(f0, g0)`` skips eps-scaling."""
+    extrapolation step). ``init=(f0, g0)`` skips eps-scaling; ``init=(f0, g0, s0)`` also gives the row
+    soft-min at g0 (after the rebalancing step for partial OT), as a compacted batch goes on.
+    ``need_t=False``: the solution's ``t`` may be None (the loose solves of eps-scaling use only f and g;
+    this saves a pass where no update ran)."""
     batch = log_a.shape[0]
     passes = 0
     psum = _point_sum(geom)
     mass_a = psum(log_a.double().exp())
     if init is not None:
         eps = eps_list[-1]
-        f, g = init
+        f, g, s = init if len(init) == 3 else (*init, None)
         n_done = 0
     else:
         budget = max(max_iter, 1) if tol is not None else len(eps_list)
@@ -231,15 +234,16 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
             if accelerate and tol is not None and k < len(eps_list) - 1 and left > 0:
                 # converge loosely at this eps: the next one then starts near its own solution
                 sub = alternating(geom, log_a, log_b, pen_a, pen_b, [eps], SCALE_TOL, min(SCALE_CAP, left),
-                                  (f, g), accelerate, check_every)
+                                  (f, g), accelerate, check_every, need_t=False)
                 f, g, passes, extra = sub.f, sub.g, passes + sub.passes, extra + sub.n_iter
         n_done = len(eps_list)
-    s = geom.softmin_x(log_b + g / eps, eps)
-    passes += 1
     # partial OT: exact dual ascent along its drifting direction (part of the acceleration)
     rebalance = getattr(geom, "rebalance", None) if accelerate else None
-    if rebalance is not None:
-        f, g, s = rebalance(f, g, log_b, eps, log_a)
+    if init is None or len(init) == 2:
+        s = geom.softmin_x(log_b + g / eps, eps)
+        passes += 1
+        if rebalance is not None:
+            f, g, s = rebalance(f, g, log_b, eps, log_a)
     if tol is None:  # GeomLoss's last extrapolation: both potentials from the previous pair
         t = geom.softmin_y(log_a + f / eps, eps)
         f, g = pen_a.aprox(s, eps), pen_b.aprox(t, eps)
@@ -275,7 +279,8 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
                 break
             if batch >= COMPACT_MIN and 2 * n_fin >= batch and it > it0:  # the rest as a smaller batch
                 return _compact(geom, log_a, log_b, pen_a, pen_b, eps, tol, max_iter - it, accelerate, stepper,
-                                vtest, steps, check_every, done, f, g, s, t, n_iter, err, passes, checks.syncs)
+                                vtest, steps, need_t, check_every, done, f, g, s, t, n_iter, err, passes,
+                                checks.syncs)
         f = torch.where(done[:, None], f, f_hat)
         t = geom.softmin_y(log_a + f / eps, eps)
         g = stepper.step(g, pen_b.aprox(t, eps), err, done)
@@ -286,22 +291,24 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         n_iter += (~done).long()
         it += 1
         steps += 1
-    if t is None:  # no update ran: the column soft-min for the final f (g is kept), one pass
+    if t is None and need_t:  # no update ran: the column soft-min for the final f (g is kept), one pass
         t = geom.softmin_y(log_a + f / eps, eps)
         passes += 1
     return Solution(f, g, s, t, n_iter, err, passes, checks.syncs, done)
 
 
-def _compact(geom, log_a, log_b, pen_a, pen_b, eps, tol, budget, accelerate, stepper, vtest, steps, check_every,
-             done, f, g, s, t, n_iter, err, passes, syncs) -> Solution:
+def _compact(geom, log_a, log_b, pen_a, pen_b, eps, tol, budget, accelerate, stepper, vtest, steps, need_t,
+             check_every, done, f, g, s, t, n_iter, err, passes, syncs) -> Solution:
     """Finish the problems not yet ``done`` as a batch of their own (warm-started at their potentials), so
     that finished problems stop costing kernel work; then put the results back in place."""
     idx = (~done).nonzero()[:, 0]
     sub = alternating(geom.subset(idx), log_a[idx], log_b[idx], pen_a, pen_b, [eps], tol, budget,
-                      (f[idx], g[idx]), accelerate, check_every, vtest.tol, stepper.subset(idx), vtest.subset(idx),
-                      steps)
+                      (f[idx], g[idx], s[idx]), accelerate, check_every, vtest.tol, stepper.subset(idx),
+                      vtest.subset(idx), steps, need_t)
     f, g, s, t, err, n_iter = f.clone(), g.clone(), s.clone(), t.clone(), err.clone(), n_iter.clone()
-    f[idx], g[idx], s[idx], t[idx], err[idx] = sub.f, sub.g, sub.s, sub.t, sub.marginal_error
+    f[idx], g[idx], s[idx], err[idx] = sub.f, sub.g, sub.s, sub.marginal_error
+    if sub.t is not None:
+        t[idx] = sub.t
     n_iter[idx] += sub.n_iter
     done = done.clone()
     done[idx] = sub.converged
