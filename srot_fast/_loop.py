@@ -36,7 +36,7 @@ class Solution:
     f: torch.Tensor               # (B, N') potentials of the (possibly augmented) problem
     g: torch.Tensor               # (B, M')
     s: torch.Tensor               # (B, N') row soft-min at the final g (so pi 1 = a exp((f - s)/eps))
-    t: torch.Tensor               # (B, M') column soft-min at the final f
+    t: Optional[torch.Tensor]     # (B, M') column soft-min at the final f (None: see need_t of alternating)
     n_iter: torch.Tensor          # (B,) int64 updates spent on each problem (eps-scaling included)
     marginal_error: torch.Tensor  # (B,) relative L1 marginal error at the end
     passes: int                   # soft-min passes launched (each covers the whole batch)
