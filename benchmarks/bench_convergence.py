@@ -1,5 +1,6 @@
 """Convergence of :func:`srot_fast.sinkhorn`: plain alternating updates (``accelerate=False``, "before") against
-the safeguarded over-relaxed loop (``accelerate=True``, "after"), and GeomLoss's fixed schedule.
+the accelerated loop (``accelerate=True``, "after": safeguarded Anderson acceleration, loose eps-scaling), and
+GeomLoss's fixed schedule.
 
 Problem: two float64 Gaussian clouds, n points each in R^d (unit variance, means 1 apart along the first axis,
 fixed seed), uniform weights, cost |x - y| (p = 1) or |x - y|^2 / 2 (p = 2), blur = ratio x diameter (bounding-box
