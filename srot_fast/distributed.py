@@ -48,6 +48,7 @@ from . import loss as _loss
 from ._loop import epsilon_schedule
 from ._sharded import MODES, Comm, ShardedGeometry, ShardedPartialGeometry, Side
 from .backends import get_ops, resolve_backend
+from .kernels.triton.options import check_autotune, check_precision, kernel_options
 from .penalties import Penalty
 from .sinkhorn import ConvergenceWarning, _NoSecondOrder, _penalties
 from .weights import soft_offsets
@@ -183,6 +184,8 @@ def sinkhorn(
     accelerate: bool = True,
     check_every: Optional[int] = None,
     value_tol: Optional[float] = None,
+    precision: Optional[str] = None,
+    autotune: Optional[bool] = None,
 ) -> ShardedResult:
     r""":func:`srot_fast.sinkhorn` on points sharded over the ranks of ``group`` (a collective call).
 
@@ -192,8 +195,9 @@ def sinkhorn(
         group: the process group (default: the default group of ``torch.distributed.init_process_group``).
         mode: 'auto' | 'gather' | 'ring', how the other ranks' shards reach this one (module docstring).
         u: (N_r,), v: (M_r,) this rank's cost offsets. init: (f0 (N_r,), g0 (M_r,)) this rank's warm start.
-        p, eps, penalty, tau, mass, scaling, diameter, tol, max_iter, backend, accelerate, check_every, value_tol: as in
-            :func:`srot_fast.sinkhorn`, the same on every rank; ``backend`` is this rank's kernel backend.
+        p, eps, penalty, tau, mass, scaling, diameter, tol, max_iter, backend, accelerate, check_every, value_tol,
+            precision, autotune: as in :func:`srot_fast.sinkhorn`, the same on every rank; ``backend`` is this
+            rank's kernel backend (``precision`` and ``autotune`` act on Triton only).
 
     Returns:
         :class:`ShardedResult`: this rank's potentials and masses, the global value, n_iter, marginal error.
@@ -207,7 +211,7 @@ def sinkhorn(
     comm = Comm(group)
     key = dict(p=p, eps=eps, penalty=penalty, tau=tau, mass=mass, scaling=scaling, diameter=diameter, tol=tol,
                max_iter=max_iter, backend=backend, accelerate=accelerate, check_every=check_every, mode=mode,
-               value_tol=value_tol)
+               value_tol=value_tol, precision=precision, autotune=autotune)
 
     def check():
         p_, eps_ = _checks.check_p(p), _checks.check_positive(0.05**p if eps is None else eps, "eps")
@@ -218,6 +222,8 @@ def sinkhorn(
                    u=_checks.check_offsets(u, xs, "u"), v=_checks.check_offsets(v, ys, "v"), p=p_, eps=eps_)
         _scalar_checks(penalty, tau, mass, scaling, tol, max_iter, check_every, diameter)
         out["value_tol"] = None if value_tol is None else _checks.check_positive(value_tol, "value_tol")
+        check_precision(precision)
+        check_autotune(autotune)
         resolve_backend(backend, xs.shape[0], ys.shape[0], xs.device)  # this rank can run it
         if init is not None:
             if not (isinstance(init, (tuple, list)) and len(init) == 2):
@@ -239,7 +245,8 @@ def sinkhorn(
     return _solve(comm, args["x"], args["y"], args["a"], args["b"], args["u"], args["v"], ns, ms, p=args["p"],
                   eps=args["eps"], pen_a=pen_a, pen_b=pen_b, mass=mass, scaling=scaling, diameter=diameter, tol=tol,
                   max_iter=max_iter, backend=backend, init=args["init"], accelerate=accelerate,
-                  check_every=check_every, mode=mode, value_tol=args["value_tol"])
+                  check_every=check_every, mode=mode, value_tol=args["value_tol"], precision=precision,
+                  autotune=autotune)
 
 
 def _scalar_checks(penalty, tau, mass, scaling, tol, max_iter, check_every, diameter) -> None:
@@ -354,7 +361,7 @@ class _ShardedEnvelope(torch.autograd.Function):
 
 def _solve(comm: Comm, x, y, a, b, u, v, ns: list, ms: list, *, p, eps, pen_a, pen_b, mass, scaling, diameter, tol,
            max_iter, backend, init, accelerate, check_every, mode, self_transport=False,
-           value_tol=None) -> ShardedResult:
+           value_tol=None, precision=None, autotune=None) -> ShardedResult:
     """The sharded solve, after the (agreed) argument checks: x (n_r, D), y (m_r, D), a, b, u, v this rank's
     shards (a, b may be None: uniform); ``ns``, ``ms`` every rank's shard sizes. Errors raised here are the
     same on every rank (they depend on all-reduced quantities only)."""
@@ -386,7 +393,8 @@ def _solve(comm: Comm, x, y, a, b, u, v, ns: list, ms: list, *, p, eps, pen_a, p
     mode = _resolve_mode(mode, n, m, x.shape[-1], x.dtype)
     xs = Side(comm, xd[None], mode, ns)
     ys = xs if self_transport else Side(comm, yd[None], mode, ms)
-    geom = ShardedGeometry(ops, xs, ys, p, None if ud is None else ud[None], None if vd is None else vd[None])
+    geom = ShardedGeometry(ops, xs, ys, p, None if ud is None else ud[None], None if vd is None else vd[None],
+                           kernel_options(name, precision, autotune))
     if init is not None:
         init = (init[0].detach().to(x.dtype)[None], init[1].detach().to(x.dtype)[None])
     a1, b1 = ad[None], bd[None]
@@ -501,7 +509,8 @@ class SROTLoss(_loss.SROTLoss):
                     diameter=self.diameter, scaling=self.scaling, debias=self.debias, potentials=self.potentials,
                     backend=self.backend, strategy=self.strategy, tol=self.tol, max_iter=self.max_iter,
                     gamma=self.gamma, ce_floor=self.ce_floor, warm_start=self.warm_start, mode=self.mode,
-                    detector=self.detector is not None, value_tol=self.value_tol)
+                    detector=self.detector is not None, value_tol=self.value_tol, precision=self.precision,
+                    autotune=self.autotune)
 
     def forward(self, *args, scores=None):
         comm = Comm(self.group)
@@ -550,8 +559,9 @@ class SROTLoss(_loss.SROTLoss):
                 gam = self.gamma
             else:
                 xs, ys = _compute_cast(x.detach()[a.detach() > 0]), _compute_cast(y.detach()[b.detach() > 0])
-                ops = get_ops(resolve_backend(self._backend(x), n, m, x.device))
-                geom = ShardedGeometry(ops, Side(comm, xs[None], mode), Side(comm, ys[None], mode), self.p)
+                name = resolve_backend(self._backend(x), n, m, x.device)
+                geom = ShardedGeometry(get_ops(name), Side(comm, xs[None], mode), Side(comm, ys[None], mode), self.p,
+                                       options=kernel_options(name, self.precision, self.autotune))
                 gam = float(geom.max_cost()[0])
                 gam = gam if gam > 0 else 1.0
             u, v = soft_offsets(s_x, s_y, gam, self.ce_floor)
@@ -589,7 +599,7 @@ class SROTLoss(_loss.SROTLoss):
         return _solve(comm, x, y, a, b, u, v, ns, ms, p=self.p, eps=self.eps, pen_a=pen_a, pen_b=pen_b,
                       mass=self.mass, scaling=self.scaling, diameter=diam, tol=self.tol, max_iter=self.max_iter,
                       backend=self._backend(x), init=init, accelerate=True, check_every=None, mode=mode,
-                      value_tol=self.value_tol,
+                      value_tol=self.value_tol, precision=self.precision, autotune=self.autotune,
                       self_transport=self_transport)
 
 

@@ -25,6 +25,7 @@ from . import _checks, _loop
 from ._loop import epsilon_schedule
 from .backends import get_ops, resolve_backend
 from .geometry import Geometry, PartialGeometry, bbox_diameter
+from .kernels.triton.options import kernel_options
 from .penalties import Penalty
 
 __all__ = ["sinkhorn", "SinkhornResult", "epsilon_schedule", "ConvergenceWarning"]
@@ -55,9 +56,8 @@ class _NoSecondOrder(torch.autograd.Function):
 class _Saved:
     """What the envelope backward needs (batched, detached). Shapes for B problems."""
 
-    ops: object
+    geom: Geometry  # the points and the backend's primitives (with their options)
     eps: float
-    p: int
     grad_row: torch.Tensor  # (B, N) pi 1 after an exact update of f for the final g
     grad_col: torch.Tensor  # (B, M) pi^T 1 after an exact update of g for the final f
     ga: torch.Tensor        # (B, N) d value / d a
@@ -87,11 +87,9 @@ class _EnvelopeValue(torch.autograd.Function):
         with torch.no_grad():
             gr = grad[:, None]
             if need[2]:
-                gx = (gr * sv.grad_row)[..., None] * sv.ops.weighted_mean(x.detach(), y.detach(), sv.hx, sv.eps,
-                                                                           sv.p, "grad")
+                gx = (gr * sv.grad_row)[..., None] * sv.geom.weighted_mean("x", sv.hx, sv.eps, "grad")
             if need[3]:
-                gy = (gr * sv.grad_col)[..., None] * sv.ops.weighted_mean(y.detach(), x.detach(), sv.hy, sv.eps,
-                                                                           sv.p, "grad")
+                gy = (gr * sv.grad_col)[..., None] * sv.geom.weighted_mean("y", sv.hy, sv.eps, "grad")
             gA = gr * sv.ga if need[4] else None
             gB = gr * sv.gb if need[5] else None
             gu = gr * sv.grad_row if need[6] and ctx.has_u else None
@@ -183,14 +181,12 @@ class SinkhornResult:
 
     def barycentric_projection(self) -> torch.Tensor:
         """(N, D) sum_j pi_ij y_j / sum_j pi_ij: where the plan sends each source point (one kernel pass)."""
-        geom = self._geom
-        return self._out(geom.ops.weighted_mean(geom.x, geom.y, self._col_logits(), self.eps, geom.p, "y"))
+        return self._out(self._geom.weighted_mean("x", self._col_logits(), self.eps, "y"))
 
     def plan_argmax(self) -> torch.Tensor:
         """(N,) int64 index j of the largest plan entry in each row (label propagation: point i takes
         the label of y_j); one kernel pass, no N x M matrix."""
-        geom = self._geom
-        return self._out(geom.ops.plan_argmax(geom.x, geom.y, self._col_logits(), self.eps, geom.p))
+        return self._out(self._geom.plan_argmax(self._col_logits(), self.eps))
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -242,14 +238,15 @@ def _check_solution(sol: _loop.Solution, tol: Optional[float], max_iter: int, va
                       f"tol={tol:g}{also}; raise max_iter, eps (blur) or tol", ConvergenceWarning, stacklevel=4)
 
 
-def _empty(x, y, a, b, eps, p, name, ops, in_dtype) -> SinkhornResult:
+def _empty(x, y, a, b, eps, p, name, ops, options, in_dtype) -> SinkhornResult:
     z = (x.sum((1, 2)) + y.sum((1, 2))) * 0
     zn, zm = a.new_zeros(0, x.shape[1]), b.new_zeros(0, y.shape[1])
     return SinkhornResult(f=zn, g=zm, value=z.to(in_dtype), n_iter=torch.zeros(0, dtype=torch.int64),
                           marginal_error=x.new_zeros(0, dtype=torch.float64),
                           converged=torch.zeros(0, dtype=torch.bool), row_mass=zn, col_mass=zm, eps=eps,
                           p=p, backend=name, passes=0, syncs=0,
-                          _geom=Geometry(ops, x.detach(), y.detach(), p), _a=a.detach(), _b=b.detach(), _batched=True)
+                          _geom=Geometry(ops, x.detach(), y.detach(), p, options=options),
+                          _a=a.detach(), _b=b.detach(), _batched=True)
 
 
 # ------------------------------------------------------------------------------------------- solver
@@ -275,6 +272,8 @@ def sinkhorn(
     accelerate: bool = True,
     check_every: Optional[int] = None,
     value_tol: Optional[float] = None,
+    precision: Optional[str] = None,
+    autotune: Optional[bool] = None,
 ) -> SinkhornResult:
     r"""Entropic (unbalanced / partial) OT between sum_i a_i delta_{x_i} and sum_j b_j delta_{y_j}.
 
@@ -310,6 +309,13 @@ def sinkhorn(
             stops when the geometric tail of its rises, d_k r / (1 - r) with r = d_k / d_{k-1}, is
             <= value_tol |value| (a heuristic estimate, docs/DESIGN.md, Solver).
             None (default): the marginal test alone. ``SROTLoss`` uses tol / 10 (1e-4 at its default tol).
+        precision: the Triton backend's ``tl.dot`` precision for float32 points with D >= 32: 'tf32x3'
+            (fp32-accurate on tensor cores), 'ieee' (fp32 FMA) or 'tf32' (faster, ~1e-4 relative error on
+            squared distances; docs/DESIGN.md). None: ``SROT_TRITON_DOT_PRECISION``, else 'tf32x3'. The
+            other backends accept it and ignore it: they compute in the input dtype (float32 products for
+            float32 points).
+        autotune: whether the Triton backend autotunes the block sizes of its large launches (None:
+            ``SROT_TRITON_AUTOTUNE``, on unless '0'); ignored by the other backends.
 
     Returns:
         :class:`SinkhornResult` (potentials, differentiable value, n_iter, marginal error, masses).
@@ -323,12 +329,13 @@ def sinkhorn(
     eps = _checks.check_positive(0.05**p if eps is None else eps, "eps")
     return _solve(x, y, a, b, p=p, eps=eps, penalty=penalty, tau=tau, mass=mass, u=u, v=v, scaling=scaling,
                   diameter=diameter, tol=tol, max_iter=max_iter, backend=backend, init=init,
-                  accelerate=accelerate, check_every=check_every, value_tol=value_tol)
+                  accelerate=accelerate, check_every=check_every, value_tol=value_tol, precision=precision,
+                  autotune=autotune)
 
 
 def _solve(x, y, a=None, b=None, *, p, eps, penalty="balanced", tau=None, mass=None, u=None, v=None,
            scaling=0.5, diameter=None, tol=1e-4, max_iter=1000, backend="auto", init=None, accelerate=True,
-           check_every=None, self_transport=False, value_tol=None) -> SinkhornResult:
+           check_every=None, self_transport=False, value_tol=None, precision=None, autotune=None) -> SinkhornResult:
     """:func:`sinkhorn` after its scalar checks; ``self_transport=True`` (x is y, a is b, u is v) takes the
     symmetric loop. ``diameter`` may be 0 here (identical clouds)."""
     batched = torch.is_tensor(x) and x.dim() == 3
@@ -341,6 +348,7 @@ def _solve(x, y, a=None, b=None, *, p, eps, penalty="balanced", tau=None, mass=N
     u = _checks.check_offsets(u, x, "u")
     v = _checks.check_offsets(v, y, "v")
     name = resolve_backend(backend, x.shape[-2], y.shape[-2], x.device)
+    options = kernel_options(name, precision, autotune)
     x, y = _checks.compute_dtype(x, y, keep_half=name == "triton")  # Triton loads half points as they are
     a, b, u, v = _checks.compute_dtype(a, b, u, v)
     cdt = a.dtype  # the dtype the solver runs in (float32 for half points)
@@ -366,12 +374,12 @@ def _solve(x, y, a=None, b=None, *, p, eps, penalty="balanced", tau=None, mass=N
         v = None if v is None else v[None]
     ops = get_ops(name)
     if x.shape[0] == 0:  # an empty batch: empty results, still connected to the inputs
-        return _empty(x, y, a, b, eps, p, name, ops, in_dtype)
+        return _empty(x, y, a, b, eps, p, name, ops, options, in_dtype)
 
     xd, yd, ad, bd = x.detach(), y.detach(), a.detach(), b.detach()
     ud = None if u is None else u.detach()
     vd = None if v is None else v.detach()
-    geom = Geometry(ops, xd, yd, p, ud, vd)
+    geom = Geometry(ops, xd, yd, p, ud, vd, options)
     if diameter is None:
         diam = bbox_diameter(xd, yd, ad, bd)
     else:
@@ -442,7 +450,7 @@ def _solve(x, y, a=None, b=None, *, p, eps, penalty="balanced", tau=None, mass=N
         # g_hat for the final f), i.e. the gradient of max_f D(f, g) in x and of max_g D(f, g) in y. At
         # convergence f_hat = f and g_hat = g; with a fixed iteration budget (GeomLoss-style flows) the row
         # weights stay a_i-sized instead of a_i exp((f - f_hat) / eps), which blew up a 100k-point flow.
-        saved = _Saved(ops=ops, eps=eps, p=p,
+        saved = _Saved(geom=geom, eps=eps,
                        grad_row=_checks.masses(ad, f_hat, s_real, eps), grad_col=_checks.masses(bd, g_hat, t_real, eps),
                        ga=ga, gb=gb,
                        hx=bd.log() + (g if vd is None else g - vd) / eps,
