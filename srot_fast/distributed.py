@@ -45,12 +45,13 @@ import torch.distributed as dist
 
 from . import _checks, _loop
 from . import loss as _loss
+from ._envelope import first_order_only
 from ._loop import epsilon_schedule
 from ._sharded import MODES, Comm, ShardedGeometry, ShardedPartialGeometry, Side
 from .backends import get_ops, resolve_backend
 from .kernels.triton.options import check_autotune, check_precision, kernel_options
 from .penalties import Penalty
-from .sinkhorn import ConvergenceWarning, _NoSecondOrder, _penalties
+from .sinkhorn import ConvergenceWarning, _penalties, schedule_terms
 from .weights import soft_offsets
 
 __all__ = ["sinkhorn", "SROTLoss", "ShardedResult", "GATHER_BYTES", "main"]
@@ -337,7 +338,6 @@ class _ShardedEnvelope(torch.autograd.Function):
         x, y, a, b, u, v = ctx.saved_tensors
         st: _State = ctx.st
         need = ctx.needs_input_grad
-        second = torch.is_grad_enabled()
         grad = grad.detach()
         gx = gy = gA = gB = gu = gv = None
         with torch.no_grad():
@@ -352,11 +352,7 @@ class _ShardedEnvelope(torch.autograd.Function):
             gB = (gr * st.gb)[0].to(b.dtype) if need[5] else None
             gu = (gr * st.grad_row)[0] if need[6] and ctx.has_u else None
             gv = (gr * st.grad_col)[0] if need[7] and ctx.has_v else None
-        outs = [gx, gy, gA, gB, gu, gv]
-        if second:
-            anchors = [t for t in (x, y, a, b, u, v) if t is not None and t.requires_grad]
-            outs = [None if o is None else _NoSecondOrder.apply(o, *anchors) for o in outs]
-        return (None, None, *outs)
+        return (None, None, *first_order_only([gx, gy, gA, gB, gu, gv], (x, y, a, b, u, v)))
 
 
 def _solve(comm: Comm, x, y, a, b, u, v, ns: list, ms: list, *, p, eps, pen_a, pen_b, mass, scaling, diameter, tol,
@@ -435,8 +431,8 @@ def _solve(comm: Comm, x, y, a, b, u, v, ns: list, ms: list, *, p, eps, pen_a, p
                                         accelerate, check_every, value_tol=value_tol)
             value, ga, gb = _dual_value(comm, a1, b1, sol.f, sol.g, sol.s, sol.t, pen_a, pen_b, eps, False)
             if tol is None:
-                value = _sums(comm, [a1 * _side_value(pen_a, sol.f, eps)], False)[0] + \
-                    _sums(comm, [b1 * _side_value(pen_b, sol.g, eps)], False)[0]
+                value = _sums(comm, [a1 * schedule_terms(pen_a, sol.f, eps)], False)[0] + \
+                    _sums(comm, [b1 * schedule_terms(pen_b, sol.g, eps)], False)[0]
             f, g, s_real, t_real = sol.f, sol.g, sol.s, sol.t
             f_hat, g_hat = pen_a.aprox(sol.s, eps), pen_b.aprox(sol.t, eps)
             passes = sol.passes
@@ -462,13 +458,6 @@ def _solve(comm: Comm, x, y, a, b, u, v, ns: list, ms: list, *, p, eps, pen_a, p
                          row_mass=row_mass[0], col_mass=col_mass[0], transported_mass=moved, eps=eps, p=p,
                          backend=name, mode=mode, passes=passes, syncs=sol.syncs, rank=comm.rank,
                          world_size=comm.world, _geom=geom, _hx=hx)
-
-
-def _side_value(pen: Penalty, pot: torch.Tensor, eps: float) -> torch.Tensor:
-    """Per point of one side, GeomLoss's value term of :func:`srot_fast.sinkhorn._schedule_value`."""
-    if pen.kind == "kl":
-        return (pen.tau + eps / 2) * -torch.expm1(-pot / pen.tau)
-    return pen.phi(pot)
 
 
 # --------------------------------------------------------------------------------------------- loss
