@@ -29,9 +29,10 @@ import torch.distributed as dist
 
 from .geometry import PartialGeometry
 
-__all__ = ["Comm", "Side", "ShardedGeometry", "ShardedPartialGeometry", "MODES"]
+__all__ = ["Comm", "Side", "ShardedGeometry", "ShardedPartialGeometry", "MODES", "GATHER_BYTES"]
 
 MODES = ("auto", "gather", "ring")
+GATHER_BYTES = 1 << 30  # mode='auto' gathers all points on every rank when they take at most this much
 _ERRORS = {cls.__name__: cls for cls in (ValueError, TypeError, FloatingPointError, RuntimeError, ImportError,
                                          NotImplementedError, IndexError, KeyError)}
 

@@ -22,6 +22,7 @@ import torch.multiprocessing as mp
 
 import srot_fast
 from srot_fast import distributed as sd
+from srot_fast.experiments import sharded_flow
 
 TIMEOUT = 240  # seconds for one spawn, start-up included (CI machines are slow and shared)
 TOL = dict(rtol=1e-10, atol=1e-10)
@@ -259,7 +260,7 @@ def _check_flow_example(rank, world):
 
     args = argparse.Namespace(points=300, steps=3, lr=0.5, blur=0.1, reach=1.0, mode="ring", backend="auto",
                               seed=0)
-    values = sd._flow(rank, world, args)
+    values = sharded_flow.flow(rank, world, args)
     assert all(b < a for a, b in zip(values, values[1:])), values
 
 
