@@ -33,7 +33,7 @@ class _NoSecondOrder(torch.autograd.Function):
 class Saved:
     """What the envelope backward needs (batched, detached). Shapes for B problems."""
 
-    geom: Geometry  # the points and the backend's primitives (with their options)
+    geom: Geometry  # the points and the backend's primitives (with their options), or a sharded geometry
     eps: float
     grad_row: torch.Tensor  # (B, N) pi 1 after an exact update of f for the final g
     grad_col: torch.Tensor  # (B, M) pi^T 1 after an exact update of g for the final f

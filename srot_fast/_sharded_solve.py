@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from . import _checks, _loop
-from ._envelope import first_order_only
+from ._envelope import EnvelopeValue, Saved
 from ._loop import epsilon_schedule
 from ._sharded import GATHER_BYTES, MODES, Comm, ShardedGeometry, ShardedPartialGeometry, Side
 from .backends import get_ops, resolve_backend
@@ -165,54 +165,6 @@ def _dual_value(comm, a, b, f, g, s, t, pen_a: Penalty, pen_b: Penalty, eps: flo
     return value, ga, gb
 
 
-@dataclass
-class _State:
-    """What the sharded envelope backward needs (detached, batch of 1)."""
-
-    geom: ShardedGeometry
-    eps: float
-    grad_row: torch.Tensor
-    grad_col: torch.Tensor
-    ga: torch.Tensor
-    gb: torch.Tensor
-    hx: torch.Tensor
-    hy: torch.Tensor
-    need_x: bool  # x requires grad on every rank (checked): the backward runs the x pass, a collective
-    need_y: bool
-
-
-class _ShardedEnvelope(torch.autograd.Function):
-    """The global value (1,); its backward is the envelope theorem with sharded weighted means (collectives)."""
-
-    @staticmethod
-    def forward(ctx, value, st: _State, x, y, a, b, u, v):
-        ctx.save_for_backward(x, y, a, b, u, v)
-        ctx.st = st
-        ctx.has_u, ctx.has_v = u is not None, v is not None
-        return value.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, y, a, b, u, v = ctx.saved_tensors
-        st: _State = ctx.st
-        need = ctx.needs_input_grad
-        grad = grad.detach()
-        gx = gy = gA = gB = gu = gv = None
-        with torch.no_grad():
-            gr = grad[:, None]
-            if st.need_x:  # every rank runs the pass (it communicates), whatever its own shard needs
-                wm = st.geom.weighted_mean("x", st.hx, st.eps, "grad")
-                gx = ((gr * st.grad_row)[..., None] * wm)[0].to(x.dtype) if need[2] else None
-            if st.need_y:
-                wm = st.geom.weighted_mean("y", st.hy, st.eps, "grad")
-                gy = ((gr * st.grad_col)[..., None] * wm)[0].to(y.dtype) if need[3] else None
-            gA = (gr * st.ga)[0].to(a.dtype) if need[4] else None
-            gB = (gr * st.gb)[0].to(b.dtype) if need[5] else None
-            gu = (gr * st.grad_row)[0] if need[6] and ctx.has_u else None
-            gv = (gr * st.grad_col)[0] if need[7] and ctx.has_v else None
-        return (None, None, *first_order_only([gx, gy, gA, gB, gu, gv], (x, y, a, b, u, v)))
-
-
 def _solve(comm: Comm, x, y, a, b, u, v, ns: list, ms: list, *, p, eps, pen_a, pen_b, mass, scaling, diameter, tol,
            max_iter, backend, init, accelerate, check_every, mode, self_transport=False,
            value_tol=None, precision=None, autotune=None) -> ShardedResult:
@@ -226,7 +178,6 @@ def _solve(comm: Comm, x, y, a, b, u, v, ns: list, ms: list, *, p, eps, pen_a, p
     a = torch.full(x.shape[:1], 1.0 / n, dtype=x.dtype, device=x.device) if a is None else a
     b = torch.full(y.shape[:1], 1.0 / m, dtype=y.dtype, device=y.device) if b is None else b
     x, y, a, b, u, v = _checks.compute_dtype(x, y, a, b, u, v)
-    grad_flags = (x.requires_grad, y.requires_grad)
     xd, yd, ad, bd = x.detach(), y.detach(), a.detach(), b.detach()
     ud = None if u is None else u.detach()
     vd = None if v is None else v.detach()
@@ -308,10 +259,12 @@ def _solve(comm: Comm, x, y, a, b, u, v, ns: list, ms: list, *, p, eps, pen_a, p
         moved = float(_sums(comm, [row_mass], False)[0])
         hx = b1.log() + (g if vd is None else g - vd[None]) / eps
         hy = a1.log() + (f if ud is None else f - ud[None]) / eps
-        st = _State(geom=geom, eps=eps, grad_row=_checks.masses(a1, f_hat, s_real, eps),
-                    grad_col=_checks.masses(b1, g_hat, t_real, eps), ga=ga, gb=gb, hx=hx, hy=hy,
-                    need_x=grad_flags[0], need_y=grad_flags[1])
-    value = _ShardedEnvelope.apply(value, st, x, y, a, b, u, v).to(in_dtype)
+        saved = Saved(geom=geom, eps=eps, grad_row=_checks.masses(a1, f_hat, s_real, eps),
+                      grad_col=_checks.masses(b1, g_hat, t_real, eps), ga=ga, gb=gb, hx=hx, hy=hy)
+    # the backward's weighted means are collectives: every rank runs them, as x (y) requires grad on every rank
+    # or on none (checked); batch of 1
+    lead = [None if t is None else t[None] for t in (x, y, a, b, u, v)]
+    value = EnvelopeValue.apply(value, saved, *lead).to(in_dtype)
     return ShardedResult(f=f[0], g=g[0], value=value[0], n_iter=int(sol.n_iter[0]), marginal_error=err,
                          row_mass=row_mass[0], col_mass=col_mass[0], transported_mass=moved, eps=eps, p=p,
                          backend=name, mode=mode, passes=passes, syncs=sol.syncs, rank=comm.rank,
