@@ -60,11 +60,6 @@ def schedule_terms(pen: Penalty, pot: torch.Tensor, eps: float) -> torch.Tensor:
     return pen.phi(pot)
 
 
-def _schedule_value(a, b, f, g, pen_a: Penalty, pen_b: Penalty, eps: float) -> torch.Tensor:
-    """(B,) GeomLoss's value for its fixed schedule: sum of :func:`schedule_terms` weighted by a and b."""
-    return (a * schedule_terms(pen_a, f, eps)).sum(-1) + (b * schedule_terms(pen_b, g, eps)).sum(-1)
-
-
 # ------------------------------------------------------------------------------------------- checks
 def _penalties(penalty: str, tau) -> tuple[Penalty, Penalty]:
     if penalty == "balanced":
@@ -213,8 +208,8 @@ def _fit_full(geom: Geometry, inp: _Inputs, eps, eps_list, init, self_transport)
         sol = _loop.alternating(geom, a.log(), b.log(), pen_a, pen_b, eps_list, inp.tol, inp.max_iter, init,
                                 inp.accelerate, inp.check_every, **loop)
     value, ga, gb = _dual_value(a, b, sol.f, sol.g, sol.s, sol.t, pen_a, pen_b, eps)
-    if inp.tol is None:
-        value = _schedule_value(a, b, sol.f, sol.g, pen_a, pen_b, eps)
+    if inp.tol is None:  # GeomLoss's value for its fixed schedule
+        value = (a * schedule_terms(pen_a, sol.f, eps)).sum(-1) + (b * schedule_terms(pen_b, sol.g, eps)).sum(-1)
     return _Fit(sol.f, sol.g, sol.s, sol.t, value, ga, gb, pen_a.aprox(sol.s, eps), pen_b.aprox(sol.t, eps),
                 sol.passes, sol)
 
