@@ -24,64 +24,35 @@ the whole batch. Memory is O(B (N + M) D) plus a few tens of KB per thread. It u
 ``torch.get_num_threads()`` threads (one below ~1e6 units of work, B N M max(D, 4)).
 
 The same library holds the block-sparse entry points (``srot_bs_*``) of :mod:`srot_fast.kernels.blocksparse`.
-
-Cache: a library is loaded only if it passes these checks, else it is rebuilt.
-
-- The folder is private (owned by the current user, not writable by group or others, parents safe;
-  see ``cache_dir``), otherwise a private temporary folder is used for this process, with an
-  ``UnsafeCacheWarning``. This is what keeps other users' code out: the cache file name is computable
-  from public facts, and a sha256 written beside a library by whoever can write the folder proves
-  nothing.
-- The library and its sidecar (``<name>.so.sha256``) are regular files (not symbolic links) owned by
-  the user, not group/other-writable, and the library's sha256 equals the recorded one -- checked
-  before ``dlopen``, so a truncated or corrupt file (which ``dlopen`` would map and crash on with
-  SIGBUS) is never loaded. After loading, ``srot_abi_version()`` must equal ``_ABI_VERSION``.
-- A build goes to temporary files named ``.srot_build_<pid>_<host>_*`` in the folder (the compiler runs
-  in its own process group, killed on timeout or KeyboardInterrupt; the files are removed on any
-  error), is fsynced and hashed, loaded from its temporary name, then published by atomic renames:
-  library first, sidecar second. Temporary files whose process is gone (same host) or older than an
-  hour are removed on the next load. Concurrent builds are safe; a reader that meets a library and a
-  sidecar from two different builds rebuilds.
+How it is built, cached (a private, hash-checked cache) and loaded: :mod:`srot_fast.kernels._cpu_build`.
 
 Fallback (no compiler, failed build, ``SROT_FAST_NO_COMPILE=1``, other dtypes or devices): the
-``torch_*`` functions, which process row blocks of at most ``2**22 / M`` rows with
-``torch.cdist(..., compute_mode="donot_use_mm_for_euclid_dist")`` (exact difference form), so the
-largest temporary is ~2**22 elements whatever N and M (float16 / bfloat16 are computed in float32);
-batched operands are solved one problem after another. When the compiled kernel cannot be used for
-float32 / float64 CPU tensors, a :class:`CompiledKernelWarning` says why, once per process; the
-deliberate ``SROT_FAST_NO_COMPILE=1`` gives no warning (:func:`build_error` still says why).
+``torch_*`` functions of :mod:`srot_fast.kernels._cpu_fallback` (row blocks of ~2**22 elements, exact
+difference form, float16 / bfloat16 computed in float32, batched operands one problem after another).
+When the compiled kernel cannot be used for float32 / float64 CPU tensors, a :class:`CompiledKernelWarning`
+says why, once per process; the deliberate ``SROT_FAST_NO_COMPILE=1`` gives no warning (:func:`build_error`
+still says why).
 
 Caution:
     - Outputs carry no autograd graph (the primitives are used under the envelope theorem).
     - A row whose ``h`` is all ``-inf`` gives ``+inf`` (softmin), NaN (weighted_mean), 0 (plan_argmax).
-    - The shared library is built with ``-march=native``; the cache key includes the CPU flags, so a
-      cache folder shared between different machines rebuilds instead of crashing.
     - ``csrc/cpu_ops.cpp`` must ship with the package (package data), else the fallback is used.
-    - Checking and loading are two steps: the library could be swapped in between only by someone who
-      can write the private folder, that is the user or root.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
-import re
-import shlex
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
-import time
-from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import torch
 
-from ._common import UnsafeCacheWarning, cache_dir, check_operands, unsafe_reason, warn
+from ._common import UnsafeCacheWarning, check_operands, warn
+from ._cpu_build import ABI_VERSION as _ABI_VERSION  # noqa: F401 - re-exported, as is the host tag
+from ._cpu_build import Unavailable, _host_tag, open_or_build  # noqa: F401
+from ._cpu_fallback import torch_max_cost, torch_plan_argmax, torch_softmin, torch_weighted_mean
 
 __all__ = [
     "CompiledKernelWarning",
@@ -98,13 +69,7 @@ __all__ = [
     "torch_max_cost",
 ]
 
-_SRC = Path(__file__).with_name("csrc") / "cpu_ops.cpp"
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c++17", "-shared", "-fPIC"]
-_ABI_VERSION = 3  # = srot_abi_version() in csrc/cpu_ops.cpp; bump both when an entry point changes
 _BUILD_TIMEOUT_S = 300
-_TMP_PREFIX = ".srot_build_"  # temporary files of a build: .srot_build_<pid>_<host>_<random><suffix>
-_STALE_S = 3600  # a temporary file this old is removed whatever its pid says
-_BLOCK_ELEMS = 1 << 22  # fallback: rows per block * M <= this
 _SMALL_WORK = 1 << 20  # below B * N * M * max(D, 4) run on one thread (under a millisecond of work): starting
 # an OpenMP team can cost more than that when the other cores are busy
 _PAD_COLS = 16  # = W in csrc/cpu_ops.cpp: the y transpose is padded to a multiple of this
@@ -120,250 +85,7 @@ class CompiledKernelWarning(UserWarning):
     with the same results, slower. Given once per process; not given for ``SROT_FAST_NO_COMPILE=1``."""
 
 
-class _Unavailable(Exception):
-    """Why the compiled kernel cannot be used (the message is :func:`build_error`)."""
-
-
-# --------------------------------------------------------------------------------------------- build
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def _compiler() -> List[str]:
-    """``$CXX`` (default ``g++``) split like a shell would, so ``CXX="ccache g++"`` works."""
-    raw = os.environ.get("CXX") or "g++"
-    try:
-        argv = shlex.split(raw)
-    except ValueError as e:
-        raise _Unavailable(f"CXX={raw!r} cannot be parsed: {e}") from None
-    if not argv:
-        raise _Unavailable(f"CXX={raw!r} names no compiler")
-    return argv
-
-
-def _lib_name(argv: List[str]) -> str:
-    """Cache file name: a hash of the source, flags, compiler command, CPU flags, machine and ABI version."""
-    key = hashlib.sha256(b"\0".join([
-        _SRC.read_bytes(), " ".join(_FLAGS).encode(), "\0".join(argv).encode(), _cpu_flags().encode(),
-        platform.machine().encode(), str(_ABI_VERSION).encode(),
-    ])).hexdigest()[:16]
-    return f"srot_cpu_ops_{key}.so"
-
-
-def _read_nofollow(path: Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb") as f:
-        return f.read()
-
-
-def _sidecar(so: Path) -> Path:
-    return so.with_name(so.name + ".sha256")
-
-
-def _verify(so: Path) -> Optional[str]:
-    """None when ``so`` and its sidecar are private regular files of the current user and the sha256 of
-    ``so`` equals the one recorded in the sidecar; else why not. Nothing is loaded."""
-    side = _sidecar(so)
-    for f in (so, side):
-        try:
-            reason = unsafe_reason(f)
-        except FileNotFoundError:
-            return f"{f.name} is missing"
-        if reason:
-            return reason
-    try:
-        recorded = _read_nofollow(side).decode("ascii", "replace").split()
-        actual = hashlib.sha256(_read_nofollow(so)).hexdigest()
-    except OSError as e:
-        return f"{type(e).__name__}: {e}"
-    if not recorded or recorded[0] != actual:
-        return f"{so.name} does not match its recorded sha256 (truncated or corrupt)"
-    return None
-
-
-def _host_tag() -> str:
-    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
-
-
-def _tmp_prefix() -> str:
-    return f"{_TMP_PREFIX}{os.getpid()}_{_host_tag()}_"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # EPERM: exists, another user's
-        return True
-    return True
-
-
-def _clean_stale(folder: Path) -> None:
-    """Remove temporary files of builds that were killed: their pid (on this host) is gone, or they are
-    older than ``_STALE_S``."""
-    host = _host_tag()
-    now = time.time()
-    pattern = re.compile(re.escape(_TMP_PREFIX) + r"(\d+)_([0-9a-f]{8})_")
-    try:
-        entries = list(os.scandir(folder))
-    except OSError:
-        return
-    for entry in entries:
-        m = pattern.match(entry.name)
-        if m is None:
-            continue
-        try:
-            old = now - entry.stat(follow_symlinks=False).st_mtime > _STALE_S
-            if old or (m.group(2) == host and not _pid_alive(int(m.group(1)))):
-                os.unlink(entry.path)
-        except OSError:
-            pass
-
-
-def _compile(argv: List[str], out: str) -> None:
-    """Run the compiler in its own process group; on any exception (timeout, KeyboardInterrupt) kill the
-    whole group so that no linker outlives us and writes ``out`` later."""
-    cmd = [*argv, *_FLAGS, str(_SRC), "-o", out]
-    try:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
-    except OSError as e:  # FileNotFoundError / PermissionError: no such compiler
-        raise _Unavailable(f"cannot run the compiler {shlex.join(argv)} "
-                           f"({type(e).__name__}: {e}); set CXX to a C++ compiler") from None
-    try:
-        _, err = proc.communicate(timeout=_BUILD_TIMEOUT_S)
-    except BaseException as e:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        proc.wait()
-        if isinstance(e, subprocess.TimeoutExpired):
-            raise _Unavailable(f"build timed out after {_BUILD_TIMEOUT_S} s") from None
-        raise
-    if proc.returncode != 0:
-        raise _Unavailable(f"build failed ({shlex.join(argv)} exited with {proc.returncode}): "
-                           f"{err.decode(errors='replace')[-2000:]}")
-
-
-def _open(path: Path) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(path))
-    try:
-        fn = lib.srot_abi_version
-    except AttributeError:
-        raise _Unavailable(f"{path.name} exports no srot_abi_version") from None
-    fn.argtypes, fn.restype = [], ctypes.c_int
-    if fn() != _ABI_VERSION:
-        raise _Unavailable(f"{path.name} has ABI version {fn()}, {_ABI_VERSION} expected")
-    try:
-        _declare(lib)
-    except AttributeError as e:  # an entry point is missing
-        raise _Unavailable(f"{path.name}: {e}") from None
-    return lib
-
-
-def _build(argv: List[str], so: Path) -> ctypes.CDLL:
-    """Compile into private temporary files, fsync, record the sha256 in the sidecar, load and check the
-    temporary library, then publish the library and after it the sidecar (atomic renames)."""
-    folder = so.parent
-    fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(), suffix=".so", dir=folder)
-    os.close(fd)
-    side_tmp = None
-    try:
-        _compile(argv, tmp)
-        fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-        try:
-            os.fchmod(fd, 0o700)  # the linker creates it 0777 & ~umask
-            os.fsync(fd)
-            with os.fdopen(os.dup(fd), "rb") as f:
-                digest = hashlib.sha256(f.read()).hexdigest()
-        finally:
-            os.close(fd)
-        fd, side_tmp = tempfile.mkstemp(prefix=_tmp_prefix(), suffix=".sha256", dir=folder)
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{digest}  {so.name}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        lib = _open(Path(tmp))  # our own fresh build: safe to load before it is published
-        os.replace(tmp, so)
-        os.replace(side_tmp, _sidecar(so))  # after the library: a reader never pairs a new sidecar with an old .so
-        try:
-            dfd = os.open(folder, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        except OSError:
-            pass
-        return lib
-    finally:
-        for t in (tmp, side_tmp):
-            if t is not None and os.path.lexists(t):
-                try:
-                    os.unlink(t)
-                except OSError:
-                    pass
-
-
-def _declare(lib: ctypes.CDLL) -> None:
-    p, i64, c_int, dbl = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
-    batch = [p, p, p, i64, i64, i64, i64, i64, i64, i64]  # x, yt, h, nbatch, n, m, d, sx, syt, sh
-    for suf in ("f32", "f64"):
-        getattr(lib, f"srot_softmin_{suf}").argtypes = [*batch, c_int, dbl, p, i64, c_int]
-        getattr(lib, f"srot_wmean_{suf}").argtypes = [*batch, c_int, dbl, c_int, p, i64, c_int]
-        getattr(lib, f"srot_argmax_{suf}").argtypes = [*batch, c_int, dbl, p, i64, c_int]
-        getattr(lib, f"srot_max_sq_{suf}").argtypes = [p, p, i64, i64, i64, i64, i64, i64, p, c_int]
-        for name in ("softmin", "wmean", "argmax", "max_sq"):
-            getattr(lib, f"srot_{name}_{suf}").restype = None
-        # block-sparse passes (kernels/blocksparse.py): + ld, offs, rng after the strides
-        sparse = [*batch, i64, p, p]
-        getattr(lib, f"srot_bs_softmin_{suf}").argtypes = [*sparse, c_int, dbl, p, i64, c_int]
-        getattr(lib, f"srot_bs_wmean_{suf}").argtypes = [*sparse, c_int, dbl, c_int, p, i64, c_int]
-        getattr(lib, f"srot_bs_argmax_{suf}").argtypes = [*sparse, c_int, dbl, p, i64, c_int]
-        getattr(lib, f"srot_bs_max_sq_{suf}").argtypes = [p, p, i64, i64, i64, i64, i64, i64, i64, p, p, p, c_int]
-        for name in ("softmin", "wmean", "argmax", "max_sq"):
-            getattr(lib, f"srot_bs_{name}_{suf}").restype = None
-    # rlo, rhi, rslo, rshi, nrb, clo, chi, cslo, cshi, ncb, lse, top, beta, slse, stop, sbeta, nbatch, n, m, d,
-    # p, eps, log_thr, offs, rng, cap, kept, nthreads
-    lib.srot_bs_prune.argtypes = [p, p, p, p, i64, p, p, p, p, i64, p, p, p, p, p, p, i64, i64, i64, i64, c_int, dbl,
-                                  dbl, p, p, i64, p, c_int]
-    lib.srot_bs_prune.restype = i64
-    # h, y, lo, hi, nbatch, m, d, size, lse, top, beta, nthreads
-    lib.srot_bs_col_stats.argtypes = [p, p, p, p, i64, i64, i64, i64, p, p, p, c_int]
-    lib.srot_bs_col_stats.restype = None
-
-
-def _open_or_build() -> ctypes.CDLL:
-    """The verified cached library, else a fresh build (which replaces a missing, truncated, corrupt,
-    foreign or group/other-writable file)."""
-    argv = _compiler()
-    try:
-        name = _lib_name(argv)
-    except OSError as e:  # csrc/cpu_ops.cpp not shipped
-        raise _Unavailable(f"source not found ({type(e).__name__}: {e})") from None
-    folder = cache_dir()
-    _clean_stale(folder)
-    so = folder / name
-    if _verify(so) is None:  # checked before dlopen: a bad file is never mapped
-        try:
-            return _open(so)
-        except (_Unavailable, OSError):  # wrong ABI version / symbols: rebuilt (loaded under another name)
-            for f in (so, _sidecar(so)):
-                try:
-                    os.unlink(f)
-                except OSError:
-                    pass
-    return _build(argv, so)
-
-
+# ------------------------------------------------------------------------------------------ loading
 def _load() -> Optional[ctypes.CDLL]:
     global _lib, _tried, _error
     if _tried:
@@ -378,8 +100,8 @@ def _load() -> Optional[ctypes.CDLL]:
             _error = f"compiled CPU kernel only built on Linux (platform {sys.platform})"
         else:
             try:
-                _lib = _open_or_build()
-            except _Unavailable as e:
+                _lib = open_or_build(_BUILD_TIMEOUT_S)
+            except Unavailable as e:
                 _error = str(e)
             except OSError as e:  # unwritable folder, failed dlopen, ...
                 _error = f"{type(e).__name__}: {e}"
@@ -538,100 +260,3 @@ def max_cost(x: torch.Tensor, y: torch.Tensor, p: int) -> torch.Tensor:
     s = s.to(x.dtype)  # exact: the kernel's float32 maxima are representable in float64
     out = s.sqrt() if p == 1 else s / 2
     return out if B is not None else out[0]
-
-
-# ------------------------------------------------------------------------------- blocked torch
-def _row_blocks(n: int, m: int):
-    step = max(1, _BLOCK_ELEMS // max(m, 1))
-    for i0 in range(0, n, step):
-        yield slice(i0, min(n, i0 + step))
-
-
-def _cost_block(xb: torch.Tensor, y: torch.Tensor, p: int) -> torch.Tensor:
-    dist = torch.cdist(xb, y, compute_mode="donot_use_mm_for_euclid_dist")  # (B, M), exact form
-    return dist if p == 1 else dist.square_().mul_(0.5)
-
-
-def _logits_block(xb, y, h, eps, p):
-    return _cost_block(xb, y, p).div_(-eps).add_(h)
-
-
-def _upcast(*ts):
-    """float16 / bfloat16 -> float32 (torch.cdist has no CPU half kernels); other dtypes unchanged."""
-    return tuple(t.float() if t.dtype in (torch.float16, torch.bfloat16) else t for t in ts)
-
-
-def _per_problem(fn, B: int, x: torch.Tensor, *args, shape, dtype=None) -> torch.Tensor:
-    """Stack ``fn(x[b], *(a[b] for tensor args), *other args)`` over the B problems; ``shape`` is the empty
-    result's shape for B = 0."""
-    if B == 0:
-        return torch.empty(shape, dtype=dtype or x.dtype, device=x.device)
-    return torch.stack([fn(x[b], *(a[b] if isinstance(a, torch.Tensor) else a for a in args)) for b in range(B)])
-
-
-@torch.no_grad()
-def torch_softmin(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int) -> torch.Tensor:
-    """Blocked-torch :func:`softmin` (any device and float dtype; temporaries of ~2**22 elements; batched
-    operands are solved one problem after another)."""
-    B = _check(x, y, h, p)
-    if B is not None:
-        return _per_problem(torch_softmin, B, x, y, h, eps, p, shape=(0, x.shape[1]))
-    out = torch.empty(x.shape[0], dtype=x.dtype, device=x.device)
-    x, y, h = _upcast(x, y, h)
-    for blk in _row_blocks(x.shape[0], y.shape[0]):
-        out[blk] = torch.logsumexp(_logits_block(x[blk], y, h, eps, p), dim=1).mul_(-eps)
-    return out
-
-
-@torch.no_grad()
-def torch_weighted_mean(
-    x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int, phi: str = "y"
-) -> torch.Tensor:
-    """Blocked-torch :func:`weighted_mean`."""
-    B = _check(x, y, h, p)
-    if phi not in ("y", "grad"):
-        raise ValueError(f"phi must be 'y' or 'grad', got {phi!r}")
-    if B is not None:
-        return _per_problem(torch_weighted_mean, B, x, y, h, eps, p, phi, shape=x.shape)
-    out = torch.empty_like(x)
-    x, y, h = _upcast(x, y, h)
-    for blk in _row_blocks(x.shape[0], y.shape[0]):
-        xb = x[blk]
-        if phi == "grad" and p == 1:
-            dist = _cost_block(xb, y, 1)
-            w = torch.softmax(dist / -eps + h, dim=1)
-            w = torch.where(dist > 0, w / dist, torch.zeros_like(w))  # w_ij / |x_i - y_j|, 0 at x_i = y_j
-            # sum_j w_ij (x_ik - y_jk), one coordinate at a time (exact, no (B, M, D) buffer)
-            for k in range(x.shape[1]):
-                out[blk, k] = (w * (xb[:, k, None] - y[None, :, k])).sum(1)
-        else:
-            wy = torch.softmax(_logits_block(xb, y, h, eps, p), dim=1) @ y
-            out[blk] = xb - wy if phi == "grad" else wy
-    return out
-
-
-@torch.no_grad()
-def torch_plan_argmax(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int) -> torch.Tensor:
-    """Blocked-torch :func:`plan_argmax`."""
-    B = _check(x, y, h, p)
-    if B is not None:
-        return _per_problem(torch_plan_argmax, B, x, y, h, eps, p, shape=(0, x.shape[1]), dtype=torch.int64)
-    out = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
-    x, y, h = _upcast(x, y, h)
-    for blk in _row_blocks(x.shape[0], y.shape[0]):
-        out[blk] = _logits_block(x[blk], y, h, eps, p).argmax(dim=1)
-    return out
-
-
-@torch.no_grad()
-def torch_max_cost(x: torch.Tensor, y: torch.Tensor, p: int) -> torch.Tensor:
-    """Blocked-torch :func:`max_cost`."""
-    B = _check(x, y, None, p)
-    if B is not None:
-        return _per_problem(torch_max_cost, B, x, y, p, shape=(0,))
-    dtype = x.dtype
-    x, y = _upcast(x, y)
-    best = torch.full((), -float("inf"), dtype=x.dtype, device=x.device)
-    for blk in _row_blocks(x.shape[0], y.shape[0]):
-        best = torch.maximum(best, _cost_block(x[blk], y, p).max())
-    return best.to(dtype)

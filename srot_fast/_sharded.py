@@ -29,9 +29,10 @@ import torch.distributed as dist
 
 from .geometry import PartialGeometry
 
-__all__ = ["Comm", "Side", "ShardedGeometry", "ShardedPartialGeometry", "MODES"]
+__all__ = ["Comm", "Side", "ShardedGeometry", "ShardedPartialGeometry", "MODES", "GATHER_BYTES"]
 
 MODES = ("auto", "gather", "ring")
+GATHER_BYTES = 1 << 30  # mode='auto' gathers all points on every rank when they take at most this much
 _ERRORS = {cls.__name__: cls for cls in (ValueError, TypeError, FloatingPointError, RuntimeError, ImportError,
                                          NotImplementedError, IndexError, KeyError)}
 
@@ -200,11 +201,13 @@ class ShardedGeometry:
     """The soft-min operators of :class:`srot_fast.geometry.Geometry` for sharded points: this rank's rows
     x (B, n_r, D) with offsets u (B, n_r), its columns y (B, m_r, D) with v (B, m_r); ``xs`` / ``ys`` are their
     :class:`Side` objects (the same object when x is y). Inputs and outputs of the soft-mins are this
-    rank's shards of the log-weights / potentials. Every method that communicates is a collective."""
+    rank's shards of the log-weights / potentials. Every method that communicates is a collective.
+    ``options``: keyword options of every primitive call, as in :class:`srot_fast.geometry.Geometry`."""
 
     def __init__(self, ops, xs: Side, ys: Side, p: int, u: Optional[torch.Tensor] = None,
-                 v: Optional[torch.Tensor] = None):
+                 v: Optional[torch.Tensor] = None, options: Optional[dict] = None):
         self.ops, self.xs, self.ys, self.p, self.u, self.v = ops, xs, ys, p, u, v
+        self.options = {} if options is None else dict(options)
         self.x, self.y, self.comm = xs.pts, ys.pts, xs.comm
         self.batch, self.n, self.m = self.x.shape[0], self.x.shape[-2], self.y.shape[-2]
 
@@ -236,7 +239,7 @@ class ShardedGeometry:
         v = None if self.v is None else self.v[idx]
         xs = self.xs.subset(idx)
         ys = xs if self.ys is self.xs else self.ys.subset(idx)
-        return ShardedGeometry(self.ops, xs, ys, self.p, u, v)
+        return ShardedGeometry(self.ops, xs, ys, self.p, u, v, self.options)
 
     # -- passes ---------------------------------------------------------------------------------------
     def _softmin(self, pts: torch.Tensor, side: Side, h: torch.Tensor, eps: float) -> torch.Tensor:
@@ -244,7 +247,7 @@ class ShardedGeometry:
         outs = []
         for cols, hk in side.blocks(h):
             if pts.shape[1] and cols.shape[1]:
-                outs.append(self.ops.softmin(pts, cols, hk, eps, self.p))
+                outs.append(self.ops.softmin(pts, cols, hk, eps, self.p, **self.options))
         if len(outs) == 1:
             return outs[0]
         if not outs:
@@ -261,8 +264,8 @@ class ShardedGeometry:
         for cols, hk in other.blocks(h):
             if not (pts.shape[1] and cols.shape[1]):
                 continue
-            l_k = -self.ops.softmin(pts, cols, hk, eps, self.p) / eps      # (B, n) this block's LSE
-            m_k = self.ops.weighted_mean(pts, cols, hk, eps, self.p, phi)  # (B, n, D) its weighted mean
+            l_k = -self.ops.softmin(pts, cols, hk, eps, self.p, **self.options) / eps      # (B, n) this block's LSE
+            m_k = self.ops.weighted_mean(pts, cols, hk, eps, self.p, phi, **self.options)  # (B, n, D) its mean
             if lse is None:
                 lse, mean = l_k, m_k
                 continue
@@ -281,7 +284,7 @@ class ShardedGeometry:
         h = self.y.new_zeros(self.y.shape[:2])
         for cols, _ in self.ys.blocks(h):
             if self.n and cols.shape[1]:
-                best = torch.maximum(best, self.ops.max_cost(self.x, cols, self.p).to(best.dtype))
+                best = torch.maximum(best, self.ops.max_cost(self.x, cols, self.p, **self.options).to(best.dtype))
         return self.comm.max(best)
 
 

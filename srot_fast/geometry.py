@@ -44,35 +44,53 @@ def bbox_diameter(x: torch.Tensor, y: torch.Tensor, a: Optional[torch.Tensor] = 
 
 class Geometry:
     """Soft-min operators for the cost C + u + v on a batch of B problems (x (B, N, D), y (B, M, D),
-    u (B, N), v (B, M)) with the given backend ops: one kernel call per pass for the whole batch."""
+    u (B, N), v (B, M)) with the given backend ops: one kernel call per pass for the whole batch.
+    ``options``: keyword options passed to every primitive call (the Triton backend's ``precision`` and
+    ``autotune``, :func:`srot_fast.kernels.triton.options.kernel_options`; {} for the other backends)."""
 
     def __init__(self, ops, x: torch.Tensor, y: torch.Tensor, p: int,
-                 u: Optional[torch.Tensor] = None, v: Optional[torch.Tensor] = None):
+                 u: Optional[torch.Tensor] = None, v: Optional[torch.Tensor] = None, options: Optional[dict] = None):
         self.ops, self.x, self.y, self.p, self.u, self.v = ops, x, y, p, u, v
+        self.options = {} if options is None else dict(options)
         self.batch, self.n, self.m = x.shape[0], x.shape[-2], y.shape[-2]
 
     def softmin_x(self, h: torch.Tensor, eps: float) -> torch.Tensor:
         """(B, N) -eps * LSE_j[h_j - c'_ij / eps] for column log-weights h (B, M)."""
         if self.v is not None:
             h = h - self.v / eps
-        out = self.ops.softmin(self.x, self.y, h, eps, self.p)
+        out = self.ops.softmin(self.x, self.y, h, eps, self.p, **self.options)
         return out if self.u is None else out + self.u
 
     def softmin_y(self, h: torch.Tensor, eps: float) -> torch.Tensor:
         """(B, M) -eps * LSE_i[h_i - c'_ij / eps] for row log-weights h (B, N)."""
         if self.u is not None:
             h = h - self.u / eps
-        out = self.ops.softmin(self.y, self.x, h, eps, self.p)
+        out = self.ops.softmin(self.y, self.x, h, eps, self.p, **self.options)
         return out if self.v is None else out + self.v
+
+    def weighted_mean(self, side: str, h: torch.Tensor, eps: float, phi: str) -> torch.Tensor:
+        """The backend's ``weighted_mean`` for the points of ``side``: 'x' gives (B, N, D) for the rows under
+        softmax_j(h_j - C_ij / eps), h (B, M); 'y' gives (B, M, D) for the columns, h (B, N). The offsets are
+        not applied: fold them into h."""
+        pts, other = (self.x, self.y) if side == "x" else (self.y, self.x)
+        return self.ops.weighted_mean(pts, other, h, eps, self.p, phi, **self.options)
+
+    def plan_argmax(self, h: torch.Tensor, eps: float) -> torch.Tensor:
+        """(B, N) int64 argmax_j (h_j - C_ij / eps) for column log-weights h (B, M) (offsets folded into h)."""
+        return self.ops.plan_argmax(self.x, self.y, h, eps, self.p, **self.options)
+
+    def max_cost(self) -> torch.Tensor:
+        """(B,) largest ground cost max_ij C(x_i, y_j) of each problem (offsets not included)."""
+        return self.ops.max_cost(self.x, self.y, self.p, **self.options)
 
     def subset(self, idx: torch.Tensor) -> "Geometry":
         """The problems ``idx`` (int64 (K,)) of the batch, as a geometry of their own."""
         u = None if self.u is None else self.u[idx]
         v = None if self.v is None else self.v[idx]
-        return Geometry(self.ops, self.x[idx], self.y[idx], self.p, u, v)
+        return Geometry(self.ops, self.x[idx], self.y[idx], self.p, u, v, self.options)
 
     def transposed(self) -> "Geometry":
-        return Geometry(self.ops, self.y, self.x, self.p, self.v, self.u)
+        return Geometry(self.ops, self.y, self.x, self.p, self.v, self.u, self.options)
 
 
 class PartialGeometry:

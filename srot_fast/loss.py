@@ -16,7 +16,8 @@ from torch import nn
 
 from . import _checks
 from .backends import BACKENDS, get_ops, resolve_backend
-from .geometry import bbox_diameter
+from .geometry import Geometry, bbox_diameter
+from .kernels.triton.options import check_autotune, check_precision, kernel_options
 from .sinkhorn import SinkhornResult, _solve
 from .weights import hard_weights, soft_offsets
 
@@ -77,6 +78,10 @@ class SROTLoss(nn.Module):
         warm_start: start each call from the previous call's potentials when the shapes match
             (gradient flows, where consecutive problems are close); skips eps-scaling. Call
             ``reset()`` to forget them. Off by default (unrelated batches gain nothing).
+        precision, autotune: the Triton backend's ``tl.dot`` precision ('tf32x3', 'ieee' or 'tf32'; None:
+            ``SROT_TRITON_DOT_PRECISION``, else 'tf32x3') and block-size autotuning (None:
+            ``SROT_TRITON_AUTOTUNE``), as in :func:`srot_fast.sinkhorn`. The other backends ignore them
+            (they compute in the input dtype).
 
     After a call, ``last_result`` holds the :class:`SinkhornResult` of the cross problem (for a batch,
     per-problem ``n_iter`` and ``marginal_error`` tensors), e.g. to read ``backend`` or ``row_mass``.
@@ -94,7 +99,7 @@ class SROTLoss(nn.Module):
                  penalty: str = "kl", mass: Optional[float] = None, tol: Optional[float] = 1e-3,
                  max_iter: int = 1000, value_tol="auto", gamma: Optional[float] = None,
                  detector=None, ce_floor: float = 1e-6,
-                 warm_start: bool = False):
+                 warm_start: bool = False, precision: Optional[str] = None, autotune: Optional[bool] = None):
         super().__init__()
         if not isinstance(loss, str):
             raise TypeError(f"loss must be the loss name 'sinkhorn' (the first argument, as in geomloss.SamplesLoss); "
@@ -158,6 +163,7 @@ class SROTLoss(nn.Module):
         self.strategy, self.detector = strategy, detector
         self.tol, self.max_iter = tol, max_iter
         self.warm_start = bool(warm_start)
+        self.precision, self.autotune = check_precision(precision), check_autotune(autotune)
         self.last_result: Optional[SinkhornResult] = None
         self._warm: Optional[tuple] = None  # (f, g) of the previous call
         self._warned_grad_scores = False
@@ -235,8 +241,9 @@ class SROTLoss(nn.Module):
             return x.new_full((x.shape[0],), self.gamma, dtype=torch.float64)
         xs, ys = _fill_padding(x.detach(), a), _fill_padding(y.detach(), b)
         xs, ys = xs.to(_compute(xs.dtype)), ys.to(_compute(ys.dtype))
-        ops = get_ops(resolve_backend(self._backend(x), x.shape[-2], y.shape[-2], x.device))
-        gam = ops.max_cost(xs, ys, self.p).double().reshape(-1)
+        name = resolve_backend(self._backend(x), x.shape[-2], y.shape[-2], x.device)
+        geom = Geometry(get_ops(name), xs, ys, self.p, options=kernel_options(name, self.precision, self.autotune))
+        gam = geom.max_cost().double().reshape(-1)
         return torch.where(gam > 0, gam, torch.ones_like(gam))
 
     def _backend(self, x) -> str:
@@ -247,7 +254,8 @@ class SROTLoss(nn.Module):
     def _solve(self, x, y, a, b, u, v, diam, init=None, self_transport=False):
         return _solve(x, y, a, b, p=self.p, eps=self.eps, penalty=self.penalty, tau=self.tau, mass=self.mass,
                       u=u, v=v, scaling=self.scaling, diameter=diam, tol=self.tol, max_iter=self.max_iter,
-                      backend=self._backend(x), init=init, self_transport=self_transport, value_tol=self.value_tol)
+                      backend=self._backend(x), init=init, self_transport=self_transport, value_tol=self.value_tol,
+                      precision=self.precision, autotune=self.autotune)
 
     def _batch(self, a, x, b, y, s_x, s_y, batched: bool):
         """Values (B,) (or potentials) of B problems (x (B, N, D), ...), solved as one batch; with

@@ -22,6 +22,7 @@ import torch.multiprocessing as mp
 
 import srot_fast
 from srot_fast import distributed as sd
+from srot_fast.experiments import sharded_flow
 
 TIMEOUT = 240  # seconds for one spawn, start-up included (CI machines are slow and shared)
 TOL = dict(rtol=1e-10, atol=1e-10)
@@ -201,9 +202,42 @@ def _check_errors(rank, world, bad_rank):
     s_x = torch.full((6,), 1.5 if rank == bad_rank else 0.2, dtype=x.dtype)
     _expect_same_error(rank, world, lambda: sd.SROTLoss(strategy="soft", reach=1.0)(xs, ys, scores=(s_x, s_y)),
                        ValueError, f"rank {bad_rank} of {world}: scores[0] must hold probabilities in [0, 1]")
+    prec = "fp16" if rank == bad_rank else None
+    _expect_same_error(rank, world, lambda: sd.sinkhorn(xs, ys, eps=0.1, precision=prec), ValueError,
+                       f"rank {bad_rank} of {world}: precision must be one of")
     # the group is still usable afterwards
     res = sd.sinkhorn(xs, ys, eps=0.1)
     assert torch.isfinite(res.value)
+
+
+def _check_precision(rank, world):
+    """``precision=`` reaches every rank's Triton launchers (interpreter, D = 32 float32 points: the tl.dot
+    path), for the sharded solve and the sharded loss, and the value matches the single-process Triton solve
+    to 1e-5 relative (float32 sums in another order)."""
+    try:
+        from srot_fast.kernels.triton import launchers
+    except ImportError:
+        return
+    seen, real = [], launchers.softmin_fwd
+
+    def spy(*args, **kw):
+        seen.append(kw.get("precision"))
+        return real(*args, **kw)
+    launchers.softmin_fwd = spy
+    try:
+        g = torch.Generator().manual_seed(5)
+        x, y = torch.randn(16, 32, generator=g), torch.randn(12, 32, generator=g) + 0.3
+        sx, sy = (slice(0, 7), slice(0, 5)) if rank == 0 else (slice(7, 16), slice(5, 12))
+        kw = dict(p=2, eps=10.0, penalty="kl", tau=50.0, tol=1e-6, backend="triton", precision="ieee")
+        ref = srot_fast.sinkhorn(x, y, **kw)
+        seen.clear()
+        res = sd.sinkhorn(x[sx], y[sy], mode="ring", **kw)
+        torch.testing.assert_close(res.value, ref.value, rtol=1e-5, atol=0)
+        loss = sd.SROTLoss(p=2, blur=3.0, reach=7.0, backend="triton", precision="tf32x3", mode="gather")
+        assert torch.isfinite(loss(x[sx], y[sy]))
+        assert "ieee" in seen and "tf32x3" in seen and None not in seen, seen
+    finally:
+        launchers.softmin_fwd = real
 
 
 def _worker_2(rank, world, port):
@@ -215,6 +249,7 @@ def _worker_2(rank, world, port):
     _check_losses(rank, cuts_x, cuts_y, ("gather",), LOSSES[::2])
     _check_losses(rank, cuts_x, cuts_y, ("ring",), LOSSES[1::2])
     _check_errors(rank, world, bad_rank=1)
+    _check_precision(rank, world)
     _check_flow_example(rank, world)
     dist.destroy_process_group()
 
@@ -225,7 +260,7 @@ def _check_flow_example(rank, world):
 
     args = argparse.Namespace(points=300, steps=3, lr=0.5, blur=0.1, reach=1.0, mode="ring", backend="auto",
                               seed=0)
-    values = sd._flow(rank, world, args)
+    values = sharded_flow.flow(rank, world, args)
     assert all(b < a for a, b in zip(values, values[1:])), values
 
 

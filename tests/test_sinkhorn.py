@@ -318,3 +318,69 @@ def test_zero_weights_equal_dropped_points():
     _close(r_all.value.detach(), r_kept.value.detach(), 1e-10)
     _close(r_all.plan()[keep], r_kept.plan(), 1e-10)
     assert float(r_all.row_mass[~keep].abs().max()) == 0.0
+
+
+# ------------------------------------------------------------------ runtime options of the Triton backend
+def _spy_launchers(monkeypatch) -> list:
+    """Record (launcher, precision, autotune) of every Triton launcher call; the launchers still run."""
+    from srot_fast.kernels.triton import launchers
+
+    seen = []
+
+    def spy_on(name):
+        real = getattr(launchers, name)
+
+        def spy(*args, **kw):
+            seen.append((name, kw.get("precision"), kw.get("autotune")))
+            return real(*args, **kw)
+        return spy
+    for name in ("softmin_fwd", "weighted_mean_fwd", "plan_argmax_fwd", "max_sq_fwd"):
+        monkeypatch.setattr(launchers, name, spy_on(name))
+    return seen
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("precision", ["ieee", "tf32x3"])
+def test_precision_argument_reaches_the_triton_launchers(precision, monkeypatch):
+    """``sinkhorn(..., precision=)`` reaches every launcher behind the solve, the gradient and the result's
+    accessors (D = 32 float32 points: the large-d tl.dot path, where the precision acts), and the solve
+    agrees with the float64 tensorized reference: potentials to 1e-4 of the largest cost, value to 1e-5
+    relative, x's gradient to 1e-4 (the interpreter computes tl.dot in float32 whatever the precision, so
+    this checks the plumbing; tests/test_gpu.py checks the precisions' numbers on a GPU)."""
+    pytest.importorskip("triton")
+    monkeypatch.delenv("SROT_TRITON_DOT_PRECISION", raising=False)
+    seen = _spy_launchers(monkeypatch)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(20, 32, generator=g), torch.randn(16, 32, generator=g) + 0.3
+    scale = float(cost_np(x, y, 2).max())
+    kw = dict(p=2, eps=0.1 * scale, penalty="kl", tau=scale, tol=1e-6)
+    xd = x.double().requires_grad_()
+    ref = sinkhorn(xd, y.double(), backend="tensorized", **kw)
+    ref.value.backward()
+    xf = x.clone().requires_grad_()
+    res = sinkhorn(xf, y, backend="triton", precision=precision, autotune=False, **kw)
+    res.value.backward()
+    _close(res.f.double(), ref.f.detach(), 1e-4 * scale)
+    _close(res.g.double(), ref.g.detach(), 1e-4 * scale)
+    torch.testing.assert_close(res.value.double(), ref.value.detach(), rtol=1e-5, atol=0)
+    torch.testing.assert_close(xf.grad.double(), xd.grad, rtol=1e-4, atol=1e-4 * scale ** 0.5)
+    res.barycentric_projection()
+    res.plan_argmax()
+    used = {name for name, _, _ in seen}
+    assert {"softmin_fwd", "weighted_mean_fwd", "plan_argmax_fwd"} <= used, used
+    assert all(prec == precision for _, prec, _ in seen), seen
+    assert all(tune is False for name, _, tune in seen if name in ("softmin_fwd", "weighted_mean_fwd")), seen
+
+
+def test_runtime_options_are_checked_on_every_backend():
+    """A bad precision or autotune is refused, naming the argument, whatever the backend (the other backends
+    compute in the input dtype and ignore a valid value)."""
+    x, y = torch.randn(6, 2, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64)
+    for backend in ("tensorized", "cpu"):
+        with pytest.raises(ValueError, match="precision must be one of"):
+            sinkhorn(x, y, eps=0.5, backend=backend, precision="TF32")
+        with pytest.raises(TypeError, match="autotune must be None, True or False"):
+            sinkhorn(x, y, eps=0.5, backend=backend, autotune=1)
+    ref = sinkhorn(x, y, eps=0.5, backend="tensorized")
+    res = sinkhorn(x, y, eps=0.5, backend="tensorized", precision="tf32", autotune=False)
+    assert float(res.value) == float(ref.value)

@@ -21,7 +21,10 @@ Modules (one idea each; :mod:`srot_fast.kernels.triton_softmin` re-exports the p
 - :mod:`.kernels`: the ``@triton.jit`` kernels;
 - :mod:`.autotune`: candidate block configurations, pruning, the CUDA-event timer, ``tuned_configs()``;
 - :mod:`.launchers`: the ``*_fwd`` launchers (checks, path, block sizes, grid, allocation; keyword arguments),
-  the dot precision from ``precision=`` or the environment, and the four primitives.
+  the dot precision from ``precision=`` or the environment, and the four primitives;
+- :mod:`.options`: the run-time options ``precision`` and ``autotune`` (checked without importing triton),
+  which :func:`srot_fast.sinkhorn` and :class:`srot_fast.SROTLoss` take as arguments and the geometry
+  passes to every primitive as keyword arguments.
 
 Layers: ``_*_kernel`` (``@triton.jit``) -> ``*_fwd`` launchers (checks, path, block sizes, grid,
 allocation; keyword arguments) -> the four primitives above. One program owns ``BLOCK_N`` rows of one

@@ -12,6 +12,7 @@ import torch
 import triton
 
 from .kernels import _softmin_fwd_kernel, _softmin_small_kernel, _weighted_mean_dot_kernel, _weighted_mean_fwd_kernel
+from .options import check_autotune
 
 
 def _configs(blocks, names=("BLOCK_N", "BLOCK_M", "BLOCK_K")):
@@ -91,9 +92,7 @@ def _autotune_flag(autotune) -> bool:
     """``autotune`` (True / False) if given, else the environment: on unless ``SROT_TRITON_AUTOTUNE`` is '0'."""
     if autotune is None:
         return os.environ.get("SROT_TRITON_AUTOTUNE", "1") != "0"
-    if not isinstance(autotune, bool):
-        raise TypeError(f"autotune must be None, True or False, got {autotune!r}")
-    return autotune
+    return check_autotune(autotune)
 
 
 def _tune(x: torch.Tensor, pairs: int, fixed, autotune=None) -> bool:

@@ -25,6 +25,7 @@ from .kernels import (
     _weighted_mean_fwd_kernel,
     _weighted_sum_dot_kernel,
 )
+from .options import check_autotune, check_precision
 
 __all__ = [
     "softmin",
@@ -112,7 +113,6 @@ def _use_dot(path: str, d: int, dtype: torch.dtype) -> bool:
     return path == "dot" or (path == "auto" and d >= _DOT_MIN_D)
 
 
-_PRECISIONS = ("ieee", "tf32x3", "tf32")
 # The float32 default when neither ``precision=`` nor SROT_TRITON_DOT_PRECISION is given: "tf32x3" has the
 # accuracy of "ieee" and is faster on GPUs with TF32 tensor cores ("ieee" on GPUs without them).
 _DEFAULT_PRECISION = "tf32x3"
@@ -143,9 +143,7 @@ def _precision(precision, device=None) -> str:
             precision = _DEFAULT_PRECISION
             if precision == "tf32x3" and device is not None and device.type == "cuda" and not _has_tf32(device):
                 precision = "ieee"
-    if precision not in _PRECISIONS:
-        raise ValueError(f"{name} must be one of {_PRECISIONS}, got {precision!r}")
-    return precision
+    return check_precision(precision, name)
 
 
 def _operands(x, y, dot: bool):
@@ -357,7 +355,10 @@ def max_sq_fwd(x, y, *, path="auto", block_n=None, block_m=None, block_k=None, n
 
 
 # ---------------------------------------------------------------------------------------- primitives
-def softmin(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int) -> torch.Tensor:
+# Each primitive also takes the keyword options of :mod:`.options` (``precision``, ``autotune``; None: the
+# environment's default), which the solver's geometry passes on; plan_argmax and max_cost are never tuned.
+def softmin(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int, *, precision=None,
+            autotune=None) -> torch.Tensor:
     r"""(N,) or (B, N) soft-min ``out_i = -eps * log sum_j exp(h_j - C(x_i, y_j) / eps)``; ``+inf`` if all
     ``h = -inf``.
 
@@ -367,30 +368,32 @@ def softmin(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: in
         >>> softmin(x, y, h, 0.01, 2).shape  # doctest: +SKIP
         torch.Size([1000])
     """
-    return softmin_fwd(x, y, h, eps, p)
+    return softmin_fwd(x, y, h, eps, p, precision=precision, autotune=autotune)
 
 
-def weighted_mean(
-    x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int, phi: str = "y"
-) -> torch.Tensor:
+def weighted_mean(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int, phi: str = "y", *,
+                  precision=None, autotune=None) -> torch.Tensor:
     r"""(N, D) or (B, N, D) mean of phi(x_i, y_j) under w_ij = softmax_j(h_j - C_ij / eps); any D (two
     passes for D > 64).
 
     ``phi="y"``: y_j. ``phi="grad"``: (x_i - y_j) / |x_i - y_j| for p = 1 (0 where x_i = y_j),
     x_i - y_j for p = 2 (computed as x_i - mean of y_j).
     """
-    return weighted_mean_fwd(x, y, h, eps, p, phi)
+    return weighted_mean_fwd(x, y, h, eps, p, phi, precision=precision, autotune=autotune)
 
 
-def plan_argmax(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int) -> torch.Tensor:
+def plan_argmax(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int, *, precision=None,
+                autotune=None) -> torch.Tensor:
     """(N,) or (B, N) int64 index of the largest plan entry per row, argmax_j (h_j - C_ij / eps), first on
     ties."""
-    return plan_argmax_fwd(x, y, h, eps, p)
+    check_autotune(autotune)
+    return plan_argmax_fwd(x, y, h, eps, p, precision=precision)
 
 
-def max_cost(x: torch.Tensor, y: torch.Tensor, p: int) -> torch.Tensor:
+def max_cost(x: torch.Tensor, y: torch.Tensor, p: int, *, precision=None, autotune=None) -> torch.Tensor:
     """() largest ground cost max_ij C(x_i, y_j) (0-dim tensor of x's dtype), or (B,) one per problem."""
     if p not in (1, 2):
         raise ValueError(f"p must be 1 or 2, got {p}")
-    s = max_sq_fwd(x, y).amax(dim=-1)
+    check_autotune(autotune)
+    s = max_sq_fwd(x, y, precision=precision).amax(dim=-1)
     return s.sqrt() if p == 1 else s / 2
