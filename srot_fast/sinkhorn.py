@@ -21,7 +21,7 @@ from typing import Optional, Union
 
 import torch
 
-from . import _checks, _loop
+from . import _checks, _loop, _multiscale
 from ._loop import epsilon_schedule
 from .backends import get_ops, resolve_backend
 from .geometry import Geometry, PartialGeometry, bbox_diameter
@@ -401,8 +401,8 @@ def _solve(x, y, a=None, b=None, *, p, eps, penalty="balanced", tau=None, mass=N
             if init is not None:  # dummy potentials start at 0
                 init = tuple(torch.cat([t, t.new_zeros(t.shape[0], 1)], -1) for t in init)
             pgeom = PartialGeometry(geom, mass)
-            sol = _loop.alternating(pgeom, aa.log(), bb.log(), pen_a, pen_b, eps_list, tol,
-                                    max_iter, init, accelerate, check_every, value_tol=value_tol)
+            sol = _multiscale.alternating(pgeom, aa.log(), bb.log(), pen_a, pen_b, eps_list, tol,
+                                          max_iter, init, accelerate, check_every, value_tol=value_tol)
             f, g = sol.f[:, :-1], sol.g[:, :-1]
             s_real = geom.softmin_x(bd.log() + g / eps, eps)
             t_real = geom.softmin_y(ad.log() + f / eps, eps)
@@ -424,11 +424,11 @@ def _solve(x, y, a=None, b=None, *, p, eps, penalty="balanced", tau=None, mass=N
                         f"balanced OT needs a and b of equal total mass, got {float(mass_a[k]):.6g} and "
                         f"{float(mass_b[k]):.6g}; normalise them or use penalty='kl'/'tv'")
             if self_transport:
-                sol = _loop.symmetric(geom, ad.log(), pen_a, eps_list, tol, max_iter, init, check_every,
-                                      value_tol=value_tol)
+                sol = _multiscale.symmetric(geom, ad.log(), pen_a, eps_list, tol, max_iter, init, check_every,
+                                            value_tol=value_tol)
             else:
-                sol = _loop.alternating(geom, ad.log(), bd.log(), pen_a, pen_b, eps_list, tol, max_iter, init,
-                                        accelerate, check_every, value_tol=value_tol)
+                sol = _multiscale.alternating(geom, ad.log(), bd.log(), pen_a, pen_b, eps_list, tol, max_iter,
+                                              init, accelerate, check_every, value_tol=value_tol)
             value, ga, gb = _dual_value(ad, bd, sol.f, sol.g, sol.s, sol.t, pen_a, pen_b, eps)
             if tol is None:
                 value = _schedule_value(ad, bd, sol.f, sol.g, pen_a, pen_b, eps)
