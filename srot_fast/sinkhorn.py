@@ -340,7 +340,7 @@ def _solve(x, y, a=None, b=None, *, p, eps, penalty="balanced", tau=None, mass=N
     b = _checks.check_weights(b, y, "b")
     u = _checks.check_offsets(u, x, "u")
     v = _checks.check_offsets(v, y, "v")
-    name = resolve_backend(backend, x.shape[-2], y.shape[-2], x.device)
+    name = resolve_backend(backend, x.shape[-2], y.shape[-2], x.device, points=(x, y), eps=eps, p=p)
     x, y = _checks.compute_dtype(x, y, keep_half=name == "triton")  # Triton loads half points as they are
     a, b, u, v = _checks.compute_dtype(a, b, u, v)
     cdt = a.dtype  # the dtype the solver runs in (float32 for half points)
