@@ -46,8 +46,8 @@ from .geometry import Geometry, PartialGeometry
 
 __all__ = ["alternating", "symmetric", "RATIO", "SWITCH", "MIN_PAIRS"]
 
-RATIO = 16          # points of the larger cloud per cell (on average over a full grid)
-SWITCH = 2.0        # the cells take every eps with eps^(1/p) >= SWITCH x the cell width
+RATIO = 4           # points of the larger cloud per cell (on average over a full grid)
+SWITCH = 1.0        # the cells take every eps with eps^(1/p) >= SWITCH x the cell width
 MIN_PAIRS = 1 << 22  # N M below this: the ordinary schedule (the dense passes are cheap)
 SCALE_TOL, SCALE_CAP = _loop.SCALE_TOL, _loop.SCALE_CAP
 
