@@ -28,8 +28,8 @@ cell of outliers look cheap; the mean would hide it.
 
 Used when the geometry's primitives are the block-sparse backend's, the points have d <= 3, one problem
 (a batch takes the ordinary schedule), ``tol`` is set (``tol=None`` keeps GeomLoss's fixed schedule
-unchanged), no warm start is given, N M >= ``MIN_PAIRS`` and the cells are at least 4 times fewer than the
-point pairs' sides. Otherwise :func:`alternating` and :func:`symmetric` are those of :mod:`srot_fast._loop`.
+unchanged), no warm start is given, N M >= ``MIN_PAIRS`` and the cell pairs are at most a quarter of the
+point pairs. Otherwise :func:`alternating` and :func:`symmetric` are those of :mod:`srot_fast._loop`.
 ``n_iter`` and ``passes`` of the result count the updates and passes on the points (the lift counts as one
 update of two passes), not those on the cells.
 """
