@@ -38,6 +38,7 @@ def test_keeps_cpu_otherwise():
     assert backends.resolve_backend("auto", 10, 10, "cpu", **small) == "tensorized"
 
 
+@pytest.mark.filterwarnings("ignore:Sinkhorn stopped at max_iter")
 def test_sinkhorn_auto_reports_blocksparse(monkeypatch):
     """Through the solver (the pair threshold lowered so that a small problem qualifies)."""
     monkeypatch.setattr(backends, "SPARSE_PAIRS", 1)
