@@ -3,12 +3,15 @@
 Data: x = a mixture of 4 Gaussians (std 0.08) in the unit square, y = a uniform square shifted by (0.1, 0)
 with a Gaussian blob, float32, uniform weights; blur = 0.01 x the bounding-box diagonal (eps = blur^p).
 
-Two measurements, each timing the dense and the block-sparse code in the same run, interleaved:
+Three measurements, each timing the dense and the block-sparse code in the same run, interleaved:
 
 - ``pass``: seconds of one soft-min pass (x against y) at the target eps, per n, for p = 1 and p = 2, with
   column log-weights h = log b (zero potentials), or with ``--potentials`` h = log b + g / eps from a
   ``blocksparse`` solve at that n (fixed schedule, ``tol=None``): the potentials decide what can be dropped;
   plus the fraction of pairs the block-sparse pass evaluated.
+- ``cold``: seconds of loss + gradient from scratch (``SROTLoss``, debias off, ``--tol``, default 1e-3, value_tol
+  tol / 10) on the dense ``cpu`` backend and on ``blocksparse`` (coarse-to-fine start, srot_fast/_multiscale.py),
+  at each ``--thresholds`` value for the block-sparse runs (``--no-dense``: block-sparse only).
 - ``loss``: seconds of loss + gradient (``SROTLoss``, debias off; ``--tol``, default None: GeomLoss's fixed
   schedule, so both backends do the same updates; with ``--warm K``, a gradient-flow step instead: K updates
   at the target eps from given potentials, no eps-scaling) for soft SROT (p = 1, KL reach 0.3, offsets from
@@ -56,16 +59,18 @@ def timed(fn):
     return out, time.perf_counter() - t
 
 
-def bench_pass(n: int, p: int, potentials: bool) -> dict:
+def bench_pass(n: int, p: int, potentials: bool, dense: bool = True) -> dict:
     x, y, diam = clouds(n)
     eps = (0.01 * diam) ** p
     h = torch.full((n,), -math.log(n))
     if potentials:
         h = h + sinkhorn(x, y, p=p, eps=eps, tol=None, backend="blocksparse").g / eps
     blocksparse.softmin(x, y, h, eps, p)  # ordering cached, library loaded
-    dense, t_dense = timed(lambda: cpu_ops.softmin(x, y, h, eps, p))
     sparse, t_sparse = timed(lambda: blocksparse.softmin(x, y, h, eps, p))
     kept = blocksparse.last_kept_fraction()
+    if not dense:
+        return dict(kind="pass", n=n, p=p, eps=eps, potentials=potentials, sparse_s=t_sparse, kept=kept)
+    dense, t_dense = timed(lambda: cpu_ops.softmin(x, y, h, eps, p))
     err = float(((sparse.double() - dense.double()).abs().max()) / eps)
     return dict(kind="pass", n=n, p=p, eps=eps, potentials=potentials, dense_s=t_dense, sparse_s=t_sparse,
                 speedup=t_dense / t_sparse, kept=kept, max_abs_diff_over_eps=err)
@@ -113,6 +118,31 @@ def bench_loss(n: int, case: str, tol, warm: int) -> dict:
                 value_rel_diff=rel, grad_rel_diff=gerr, n_iter=d["n_iter"], n_iter_sparse=s["n_iter"])
 
 
+def bench_cold(n: int, case: str, tol: float, thresholds, dense: bool) -> list:
+    """Cold loss + gradient: dense ``cpu`` (if ``dense``) and ``blocksparse`` at each truncation threshold."""
+    x0, y0, diam = clouds(n, seed=1)
+    blur = 0.01 * diam
+    runs = [("cpu", None)] if dense else []
+    runs += [("blocksparse", t) for t in thresholds]
+    rows, ref = [], None
+    for backend, thr in runs:
+        if thr is not None:
+            blocksparse.THRESHOLD = thr
+        loss = make_loss(blur, case, tol, backend)
+        (value, gx, gy, n_iter), secs = timed(lambda: loss_and_grad(loss, x0, y0, case))  # noqa: B023
+        row = dict(kind="cold", case=case, n=n, blur=blur, tol=tol, backend=backend, threshold=thr, seconds=secs,
+                   value=value, n_iter=n_iter, passes=loss.last_result.passes)
+        if ref is None and backend == "cpu":
+            ref = (value, gx, gy, secs)
+        elif ref is not None:
+            row.update(speedup=ref[3] / secs, value_rel_diff=abs(value - ref[0]) / abs(ref[0]),
+                       grad_rel_diff=max(float((g - r).norm() / r.norm()) for g, r in zip((gx, gy), ref[1:3])))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    blocksparse.THRESHOLD = thresholds[0]
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pass-sizes", type=int, nargs="*", default=[10000, 20000, 50000])
@@ -125,6 +155,11 @@ def main():
     ap.add_argument("--tol", type=float, default=None, help="loss: SROTLoss tol (default None: fixed schedule)")
     ap.add_argument("--warm", type=int, default=0,
                     help="loss: time a warm-started flow step of this many updates at the target eps")
+    ap.add_argument("--dense-max", type=int, default=10**9, help="pass: no dense pass above this n")
+    ap.add_argument("--cold-sizes", type=int, nargs="*", default=[])
+    ap.add_argument("--no-dense", action="store_true", help="cold: skip the dense solve (too slow at this n)")
+    ap.add_argument("--thresholds", type=float, nargs="*", default=[blocksparse.THRESHOLD],
+                    help="cold: blocksparse.THRESHOLD values to run")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.threads:
@@ -134,12 +169,15 @@ def main():
                 threshold=blocksparse.THRESHOLD, compiled=cpu_ops.available())
     for n in args.pass_sizes:
         for p in args.ps:
-            rows.append(bench_pass(n, p, args.potentials))
+            rows.append(bench_pass(n, p, args.potentials, n <= args.dense_max))
             print(json.dumps(rows[-1]), flush=True)
     for n in args.loss_sizes:
         for case in args.cases:
             rows.append(bench_loss(n, case, args.tol, args.warm))
             print(json.dumps(rows[-1]), flush=True)
+    for n in args.cold_sizes:
+        for case in args.cases:
+            rows += bench_cold(n, case, 1e-3 if args.tol is None else args.tol, args.thresholds, not args.no_dense)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)

@@ -47,7 +47,9 @@ first steps of eps-scaling): a pass whose kept pairs exceed ``DENSE_FRACTION`` (
 with N M below ``MIN_PAIRS``, runs the dense kernel of :mod:`srot_fast.kernels.cpu_ops` on the original
 order instead (the pruning sweep costs O(blocks^2 / 256 + block pairs of the kept super-block pairs) box
 tests per pass, far below a dense pass).
-The pruning gains as eps shrinks: at the target eps of small-blur problems most block pairs go. Dimension
+The pruning gains as eps shrinks: at the target eps of small-blur problems most block pairs go. A cold solve
+of one problem therefore runs the large-eps steps of eps-scaling on grid cells instead
+(:mod:`srot_fast._multiscale`) and comes to the points only once eps is small against the cells. Dimension
 d > 3 always runs the dense pass (a Morton order of 4 or more coordinates makes boxes that rarely separate at
 the eps of interest; ``backend='cpu'`` says so directly). Other dtypes than float32 / float64, or no compiled
 kernel, also run the dense ``cpu_ops`` functions (with their fallback).

@@ -9,7 +9,8 @@ cpu            C++/OpenMP streaming LSE built on first use; blocked     O((N + M
 keops          pykeops LazyTensor reductions (CPU and CUDA)             O((N + M) D)
 triton         hand-written Triton kernels (CUDA; TRITON_INTERPRET=1)   O((N + M) D)
 blocksparse    the cpu kernel on the block pairs a bound cannot drop    O((N + M) D + kept
-               (d <= 3; small eps against the data's scale)             block pairs)
+               (d <= 3; small eps against the data's scale); cold       block pairs)
+               solves start on grid cells (srot_fast._multiscale)
 =============  ======================================================  ==================
 
 Optional backends are imported lazily, on first use, never at ``import srot_fast``. An explicitly
@@ -36,6 +37,10 @@ _IMPL = {
     "blocksparse": ("blocksparse", None, None),
 }
 _SMALL = 1 << 12  # N * M below which 'auto' keeps the dense reference on CPU (launch overheads dominate)
+# 'auto' on CPU takes 'blocksparse' for d <= 3, N * M >= SPARSE_PAIRS and blur <= SPARSE_BLUR[p] x diameter
+# (benchmarks/results/2026-11-26-blocksparse2/NOTES.md has the measurements behind these values)
+SPARSE_PAIRS = 10**9
+SPARSE_BLUR = {1: 0.01, 2: 0.05}
 
 
 def _installed(package) -> bool:
@@ -51,11 +56,29 @@ def _is_cuda(device) -> bool:
     return getattr(device, "type", str(device)) == "cuda"
 
 
-def resolve_backend(name: str, n: int, m: int, device) -> str:
+def _sparse_pays(n: int, m: int, points, eps, p) -> bool:
+    """'auto' on CPU: do the block-sparse passes pay (see :func:`resolve_backend`)?"""
+    if points is None or eps is None or p not in SPARSE_BLUR or n * m < SPARSE_PAIRS:
+        return False
+    x, y = points
+    if not 1 <= x.shape[-1] <= 3:
+        return False
+    from .geometry import bbox_diameter
+    from .kernels import cpu_ops
+
+    if not cpu_ops.available():
+        return False
+    return eps ** (1.0 / p) <= SPARSE_BLUR[p] * bbox_diameter(x.detach(), y.detach())
+
+
+def resolve_backend(name: str, n: int, m: int, device, points=None, eps=None, p=None) -> str:
     """Concrete backend for ``name`` in {'auto', 'tensorized', 'cpu', 'keops', 'triton', 'blocksparse'}.
 
     'auto': on CUDA, 'triton' if installed, else 'keops', else 'tensorized'; on CPU, 'tensorized'
-    for N * M < 4096 and 'cpu' above (the compiled kernel when a C++ compiler is present).
+    for N * M < 4096, 'blocksparse' when the caller passes ``points`` = (x, y), ``eps`` and ``p`` and
+    the points have d <= 3, N * M >= ``SPARSE_PAIRS`` (1e9), the blur eps^(1/p) is at most
+    ``SPARSE_BLUR[p]`` (0.01 at p = 1, 0.05 at p = 2) times the bounding-box diagonal of x and y, and
+    the C++ kernel compiles; else 'cpu' (the compiled kernel when a C++ compiler is present).
     """
     if name == "auto":
         if _is_cuda(device):
@@ -63,7 +86,9 @@ def resolve_backend(name: str, n: int, m: int, device) -> str:
                 if _installed(_IMPL[cand][1]):
                     return cand
             return "tensorized"
-        return "tensorized" if n * m < _SMALL else "cpu"
+        if n * m < _SMALL:
+            return "tensorized"
+        return "blocksparse" if _sparse_pays(n, m, points, eps, p) else "cpu"
     if name not in _IMPL:
         raise ValueError(f"backend must be 'auto' or one of {BACKENDS}, got {name!r}")
     _, pkg, extra = _IMPL[name]

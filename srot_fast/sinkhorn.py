@@ -21,7 +21,7 @@ from typing import Optional, Union
 
 import torch
 
-from . import _checks, _loop
+from . import _checks, _loop, _multiscale
 from ._envelope import EnvelopeValue, Saved
 from ._loop import epsilon_schedule
 from .backends import get_ops, resolve_backend
@@ -105,10 +105,10 @@ class _Inputs:
         return self.a.dtype
 
 
-def _check_inputs(x, y, a, b, u, v, *, backend, precision, autotune, scaling, tol, value_tol, max_iter,
+def _check_inputs(x, y, a, b, u, v, *, p, eps, backend, precision, autotune, scaling, tol, value_tol, max_iter,
                   check_every, accelerate, penalty, tau, mass, self_transport) -> _Inputs:
-    """Every check of :func:`sinkhorn`'s arguments but the scalars p and eps, in the order the errors show;
-    unbatched inputs get a leading batch dimension of 1."""
+    """Every check of :func:`sinkhorn`'s arguments but the scalars p and eps (already checked; they help
+    ``backend="auto"`` choose), in the order the errors show; unbatched inputs get a leading batch dimension of 1."""
     batched = torch.is_tensor(x) and x.dim() == 3
     x = _checks.check_points(x, "x", batched=True)
     y = _checks.check_points(y, "y", batched=True)
@@ -118,7 +118,7 @@ def _check_inputs(x, y, a, b, u, v, *, backend, precision, autotune, scaling, to
     b = _checks.check_weights(b, y, "b")
     u = _checks.check_offsets(u, x, "u")
     v = _checks.check_offsets(v, y, "v")
-    name = resolve_backend(backend, x.shape[-2], y.shape[-2], x.device)
+    name = resolve_backend(backend, x.shape[-2], y.shape[-2], x.device, points=(x, y), eps=eps, p=p)
     options = kernel_options(name, precision, autotune)
     x, y = _checks.compute_dtype(x, y, keep_half=name == "triton")  # Triton loads half points as they are
     a, b, u, v = _checks.compute_dtype(a, b, u, v)
@@ -203,10 +203,11 @@ def _fit_full(geom: Geometry, inp: _Inputs, eps, eps_list, init, self_transport)
     a, b, pen_a, pen_b = inp.a.detach(), inp.b.detach(), inp.pen_a, inp.pen_b
     loop = dict(value_tol=inp.value_tol)
     if self_transport:
-        sol = _loop.symmetric(geom, a.log(), pen_a, eps_list, inp.tol, inp.max_iter, init, inp.check_every, **loop)
+        sol = _multiscale.symmetric(geom, a.log(), pen_a, eps_list, inp.tol, inp.max_iter, init, inp.check_every,
+                                    **loop)
     else:
-        sol = _loop.alternating(geom, a.log(), b.log(), pen_a, pen_b, eps_list, inp.tol, inp.max_iter, init,
-                                inp.accelerate, inp.check_every, **loop)
+        sol = _multiscale.alternating(geom, a.log(), b.log(), pen_a, pen_b, eps_list, inp.tol, inp.max_iter, init,
+                                      inp.accelerate, inp.check_every, **loop)
     value, ga, gb = _dual_value(a, b, sol.f, sol.g, sol.s, sol.t, pen_a, pen_b, eps)
     if inp.tol is None:  # GeomLoss's value for its fixed schedule
         value = (a * schedule_terms(pen_a, sol.f, eps)).sum(-1) + (b * schedule_terms(pen_b, sol.g, eps)).sum(-1)
@@ -227,8 +228,8 @@ def _fit_partial(geom: Geometry, inp: _Inputs, eps, eps_list, init, mass_a, mass
     if init is not None:  # dummy potentials start at 0
         init = tuple(torch.cat([t, t.new_zeros(t.shape[0], 1)], -1) for t in init)
     pgeom = PartialGeometry(geom, mass)
-    sol = _loop.alternating(pgeom, aa.log(), bb.log(), pen_a, pen_b, eps_list, inp.tol, inp.max_iter, init,
-                            inp.accelerate, inp.check_every, value_tol=inp.value_tol)
+    sol = _multiscale.alternating(pgeom, aa.log(), bb.log(), pen_a, pen_b, eps_list, inp.tol, inp.max_iter, init,
+                                  inp.accelerate, inp.check_every, value_tol=inp.value_tol)
     f, g = sol.f[:, :-1], sol.g[:, :-1]
     s_real = geom.softmin_x(b.log() + g / eps, eps)
     t_real = geom.softmin_y(a.log() + f / eps, eps)
@@ -368,7 +369,7 @@ def _solve(x, y, a=None, b=None, *, p, eps, penalty="balanced", tau=None, mass=N
            check_every=None, self_transport=False, value_tol=None, precision=None, autotune=None) -> SinkhornResult:
     """:func:`sinkhorn` after its scalar checks; ``self_transport=True`` (x is y, a is b, u is v) takes the
     symmetric loop. ``diameter`` may be 0 here (identical clouds)."""
-    inp = _check_inputs(x, y, a, b, u, v, backend=backend, precision=precision, autotune=autotune,
+    inp = _check_inputs(x, y, a, b, u, v, p=p, eps=eps, backend=backend, precision=precision, autotune=autotune,
                         scaling=scaling, tol=tol, value_tol=value_tol, max_iter=max_iter, check_every=check_every,
                         accelerate=accelerate, penalty=penalty, tau=tau, mass=mass, self_transport=self_transport)
     u, v = (None if t is None else t.detach() for t in (inp.u, inp.v))

@@ -1,0 +1,152 @@
+"""The coarse-to-fine start of the block-sparse backend (srot_fast/_multiscale.py), in float64.
+
+A solve with the coarse start and one without it (the ordinary eps-scaling, same backend) reach the same fixed
+point to the same tol: values agree within 1e-8 relative (the value's error is second order in the marginal
+error, tol = 1e-7 here), transported masses within 1e-5 absolute (first order in it, total mass 1), and
+the coarse path must actually run (cells built) where it applies and not where it must not. Small problems
+are forced through it (``MIN_PAIRS = 0`` in both modules).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from srot_fast.kernels import blocksparse as bs
+from srot_fast.kernels import cpu_ops
+
+from srot_fast import _multiscale as ms
+from srot_fast import sinkhorn
+from srot_fast.loss import SROTLoss
+
+DT = torch.float64
+pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="needs the compiled cpu kernel")
+
+
+@pytest.fixture
+def coarse(monkeypatch):
+    """Force the block-sparse passes and the coarse start on small problems; count the cell builds."""
+    monkeypatch.setattr(bs, "MIN_PAIRS", 0)
+    calls = []
+    real = ms._cells
+
+    def spy(*args):
+        calls.append(args[0].shape[1])
+        return real(*args)
+
+    monkeypatch.setattr(ms, "_cells", spy)
+
+    def switch(on: bool):
+        monkeypatch.setattr(ms, "MIN_PAIRS", 0 if on else 1 << 62)
+        calls.clear()
+        return calls
+
+    return switch
+
+
+def _data(seed, n=900, m=800, d=2):
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.rand(6, d, generator=g, dtype=DT) * 6
+    x = centres[torch.randint(6, (n,), generator=g)] + 0.3 * torch.randn(n, d, generator=g, dtype=DT)
+    y = centres[torch.randint(6, (m,), generator=g)] + 0.3 * torch.randn(m, d, generator=g, dtype=DT) + 0.1
+    a = torch.rand(n, generator=g, dtype=DT) + 0.5
+    b = torch.rand(m, generator=g, dtype=DT) + 0.5
+    a[:7] = 0  # zero weights: in no cell
+    u = 0.5 * torch.rand(n, generator=g, dtype=DT)
+    v = 0.5 * torch.rand(m, generator=g, dtype=DT)
+    return x, y, a / a.sum(), b / b.sum(), u, v
+
+
+CONFIGS = {
+    "balanced": dict(penalty="balanced"),
+    "kl_soft": dict(penalty="kl", tau=(0.7, 1.3), offsets=True),
+    "tv_soft": dict(penalty="tv", tau=0.5, offsets=True),
+    "partial_soft": dict(penalty="balanced", mass=0.6, offsets=True),
+}
+
+
+def _solve(cfg, p, data, blur):
+    x, y, a, b, u, v = data
+    kw = dict(cfg)
+    if not kw.pop("offsets", False):
+        u = v = None
+    xx = x.clone().requires_grad_()
+    res = sinkhorn(xx, y, a, b, p=p, eps=blur**p, u=u, v=v, tol=1e-7, max_iter=3000, backend="blocksparse", **kw)
+    return res, torch.autograd.grad(res.value, xx)[0]
+
+
+@pytest.mark.parametrize("cfg", list(CONFIGS))
+@pytest.mark.parametrize("p", [1, 2])
+def test_same_fixed_point(cfg, p, coarse):
+    data = _data(10 + p)
+    blur = 0.5 if cfg == "balanced" else 0.2  # balanced OT between clusters of unequal mass converges slowly
+    coarse(False)
+    want, gwant = _solve(CONFIGS[cfg], p, data, blur)
+    calls = coarse(True)
+    got, ggot = _solve(CONFIGS[cfg], p, data, blur)
+    assert calls, "the coarse start did not run"
+    assert got.converged and want.converged
+    torch.testing.assert_close(got.value, want.value, rtol=1e-8, atol=0)
+    for name in ("row_mass", "col_mass"):
+        torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=0, atol=1e-5, msg=name)
+    scale = gwant.abs().max()
+    assert (ggot - gwant).abs().max() <= 1e-4 * scale
+
+
+@pytest.mark.parametrize("d", [1, 3])
+def test_other_dimensions(d, coarse):
+    data = _data(20 + d, d=d)
+    coarse(False)
+    want, _ = _solve(CONFIGS["kl_soft"], 2, data, 0.2)
+    calls = coarse(True)
+    got, _ = _solve(CONFIGS["kl_soft"], 2, data, 0.2)
+    assert calls
+    torch.testing.assert_close(got.value, want.value, rtol=1e-8, atol=0)
+
+
+def test_self_transport_debiased_loss(coarse):
+    """SROTLoss with debias=True (the self-transport solves take the symmetric coarse start too)."""
+    x, y, a, b, _, _ = _data(30)
+    out = {}
+    for on in (False, True):
+        calls = coarse(on)
+        xx = x.clone().requires_grad_()
+        loss = SROTLoss(p=2, blur=0.2, reach=1.0, backend="blocksparse", tol=1e-7, value_tol=None, max_iter=3000)
+        value = loss(a, xx, b, y)
+        out[on] = (value.detach(), torch.autograd.grad(value, xx)[0], len(calls))
+    assert out[True][2] >= 4 and out[False][2] == 0  # cells of x and y, then of x and of y alone
+    torch.testing.assert_close(out[True][0], out[False][0], rtol=1e-7, atol=1e-10)
+    torch.testing.assert_close(out[True][1], out[False][1], rtol=0, atol=1e-4 * float(out[False][1].abs().max()))
+
+
+def test_not_used_where_it_must_not(coarse):
+    """Batches, tol=None (GeomLoss's fixed schedule), warm starts and the dense backends keep the ordinary
+    schedule: identical results, no cells."""
+    x, y, a, b, _, _ = _data(40)
+    calls = coarse(True)
+    sinkhorn(torch.stack([x, x]), torch.stack([y, y]), torch.stack([a, a]), torch.stack([b, b]), p=2, eps=0.04,
+             tol=1e-3, backend="blocksparse")
+    r1 = sinkhorn(x, y, a, b, p=2, eps=0.04, tol=None, backend="blocksparse")
+    sinkhorn(x, y, a, b, p=2, eps=0.04, tol=1e-3, backend="blocksparse", init=(r1.f, r1.g))
+    sinkhorn(x, y, a, b, p=2, eps=0.04, tol=1e-3, backend="cpu")
+    assert calls == []
+    coarse(False)
+    r0 = sinkhorn(x, y, a, b, p=2, eps=0.04, tol=None, backend="blocksparse")
+    assert r0.n_iter == r1.n_iter and torch.equal(r0.f, r1.f)
+
+
+def test_cell_offsets_are_weighted_soft_min():
+    """U_I = -eps log sum_i (a_i / A_I) exp(-u_i / eps) over each cell, and the cells' masses sum to |a|."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.rand(1, 500, 2, generator=g, dtype=DT)
+    a = torch.rand(1, 500, generator=g, dtype=DT)
+    u = torch.rand(1, 500, generator=g, dtype=DT)
+    cells = ms._cells(x, a.log(), torch.zeros(2, dtype=DT), 0.25)
+    assert cells.pts.shape[1] == 16
+    torch.testing.assert_close(cells.log_w.exp().sum(), a.sum(), rtol=1e-13, atol=0)
+    eps = 0.1
+    got = cells.offsets(u, a.log(), eps)[0]
+    for k in range(16):
+        mine = cells.of == k
+        want = -eps * torch.log((a[0, mine] / a[0, mine].sum() * torch.exp(-u[0, mine] / eps)).sum())
+        torch.testing.assert_close(got[k], want, rtol=1e-12, atol=1e-14)
+        assert (x[0, mine] // 0.25 == x[0, mine][0] // 0.25).all()  # one grid cell
+        torch.testing.assert_close(cells.pts[0, k], (a[0, mine, None] * x[0, mine]).sum(0) / a[0, mine].sum())
