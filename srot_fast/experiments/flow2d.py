@@ -148,11 +148,12 @@ def run_flow(name: str, alpha: torch.Tensor, beta0: torch.Tensor, *, a: torch.Te
                         init=init_, **solver_kw)
 
     init = None
-    iters, values = [], []
+    iters, values, step_s = [], [], []
     curve = [(0, evaluate(y) if w0 is None else w0)]
     keep(0, y)
     bar = tqdm(range(1, steps + 1), desc=f"flow: {name}", disable=not progress, leave=False)
     for t in bar:
+        t_step = _common.Timer()
         y.requires_grad_(True)
         res = solve(y, init, tol, max_iter)
         (grad,) = torch.autograd.grad(res.value, y)
@@ -160,14 +161,17 @@ def run_flow(name: str, alpha: torch.Tensor, beta0: torch.Tensor, *, a: torch.Te
         iters.append(res.n_iter)
         values.append(float(res.value.detach()))
         y = (y.detach() - lr * m * grad).detach()
+        step_s.append(t_step.read())
         if not bool(torch.isfinite(y).all()):
             raise FloatingPointError(f"flow {name!r} diverged at step {t} (non-finite points); lower --lr")
         keep(t, y)
         if t % every == 0 or t == steps:
             curve.append((t, evaluate(y)))
     bar.close()
+    t_final = _common.Timer()
     final = solve(y, init, final_tol, 5 * max_iter)
-    return {"beta_T": y, "curve": curve, "values": values, "iters": iters, "snapshots": snaps,
+    return {"beta_T": y, "curve": curve, "values": values, "iters": iters, "step_s": step_s,
+            "final_s": t_final.read(), "snapshots": snaps,
             "row_mass": final.row_mass.detach(), "col_mass": final.col_mass.detach(),
             "final_value": float(final.value.detach()), "final_iters": final.n_iter,
             "final_marginal_error": float(final.marginal_error), "backend": final.backend, "wall_s": timer.read(),
@@ -210,7 +214,9 @@ def flow_metrics(r: dict, is_out: torch.Tensor) -> dict:
     return {"alpha_outlier_share": float(row[is_out].sum()) / moved if moved > 0 else float("nan"),
             "transported_mass": moved, "mean_iters_per_step": float(it.mean()), "max_iters_per_step": int(it.max()),
             "total_iters": int(it.sum()), "final_plan_iters": r["final_iters"],
-            "final_marginal_error": r["final_marginal_error"], "backend": r["backend"], "wall_s": r["wall_s"],
+            "final_marginal_error": r["final_marginal_error"], "backend": r["backend"],
+            "step_s": {"first": r["step_s"][0], "mean": sum(r["step_s"]) / len(r["step_s"]), "max": max(r["step_s"])},
+            "final_plan_s": r["final_s"], "wall_s": r["wall_s"],
             "cpu_s": r["cpu_s"], "loss_curve": r["values"]}
 
 
