@@ -2,7 +2,7 @@
 plan moving no outlier mass), its argument checks, ``flow2d --methods`` / ``--detector-points``, and the 3-D
 data set :func:`srot_fast.datasets.make_cloud_3d`.
 
-Measured at n = 600 (seed 0, one thread, ~10 s): outlier share OT 10.0 %, partial OT (m=0.9) 11.1 %, SROT hard
+Measured at n = 600 (seed 0, one thread, ~8 s CPU): outlier share OT 10.0 %, partial OT (m=0.9) 11.1 %, SROT hard
 0.00 %; the VAT detector finds 60/60 outliers and flags no clean point.
 """
 import json
