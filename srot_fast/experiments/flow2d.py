@@ -20,7 +20,7 @@ Memory is linear in n along the whole path (online Sinkhorn backends 'cpu' / 'bl
 subsamples of at most ``--w1-points`` points per measure (exact on the whole measures at the default
 n = 1000), the detectors train on at most ``--detector-points`` points per measure (all of them at the
 default n) and score every point, and the figures draw at most 2000 points per measure. ``--methods`` runs a
-subset of the flows (each flow costs the same, so a large n is tractable one flow at a time).
+subset of the flows (at a large n, one flow at a time).
 
 Cost at large n: every Sinkhorn pass is O(n^2) pair evaluations unless the block-sparse pass can drop pairs.
 At p = 1 with this blur it keeps most of them (e^{-C/eps} decays only exponentially, and the reduced cost
@@ -82,7 +82,7 @@ def add_arguments(p) -> None:
                         f"beta_0 (default {DETECTOR_POINTS}: all points at the default n) and score every point")
 
 
-# --flow keys -> flow names of flow_specs (order of the flows)
+# --methods keys -> flow names of flow_specs (in the order the flows run)
 METHOD_KEYS = {"ot": "OT", "uot": f"UOT (KL, reach={REACH:g})", "partial": f"Partial OT (m={MASS:g})",
                "srot-ce-hard": "SROT-CE hard", "srot-hard": "SROT hard",
                "srot-soft": f"SROT soft (partial m={MASS:g})", "srot-soft-rescaled": "SROT soft (rescaled)"}
@@ -403,6 +403,7 @@ def _claims(methods: dict, detection: dict) -> list:
                          f"share {100 * v:.2f} %"))
     w = {k: m["W1_alpha_c_beta_T"] for k, m in methods.items()}
     part, soft = METHOD_KEYS["partial"], METHOD_KEYS["srot-soft"]
+
     def closer(text, lo, hi, swap=False):  # claim w[lo] < w[hi], when both flows ran
         if lo in w and hi in w:
             a, b = (hi, lo) if swap else (lo, hi)
