@@ -15,9 +15,9 @@ At the default n = 40 000 per cloud, N M = 1.6e9 >= 1e9 and the blur is 0.008 x 
 so ``backend="auto"`` picks ``blocksparse`` on CPU (:func:`srot_fast.backends.resolve_backend`); ``--quick``
 (2000 points) runs the dense ``cpu`` kernel. On these surfaces the block-sparse bound keeps more than half
 of the point pairs once the potentials are solved, so the passes at the target eps run the dense kernel and
-what the backend saves is the large-eps work (its coarse-to-fine start). Metrics per plan: the share of the transported mass that leaves
-x's outliers, the transported mass, the value, iterations, the backend and (block-sparse) the fraction of
-point pairs the last pass evaluated.
+what the backend saves is the large-eps work (its coarse-to-fine start). Metrics per plan: the share of the
+transported mass that leaves x's outliers, the transported mass, the value, iterations, the backend and
+(block-sparse) the fraction of point pairs the last pass evaluated.
 """
 from __future__ import annotations
 
