@@ -93,7 +93,9 @@ def test_flow2d_methods_subset(tmp_path):
     assert list(methods) == ["OT", "SROT hard"]   # the usual order, whatever the order given
     assert list(metrics["results"]["detection"]) == ["vat"]   # no CE detector without the SROT-CE flow
     assert metrics["results"]["detection"]["vat"]["train_points"] == [150, 150]
-    assert abs(methods["OT"]["alpha_outlier_share"] - 0.1) < 2e-3 and methods["SROT hard"]["alpha_outlier_share"] < 0.01
+    # measured: OT 10.00 %, SROT hard 0.00 % (20/20 outliers found by a detector trained on 150 + 150 points);
+    # 3 % leaves room for a few missed outliers on another CPU, far below OT's 10 %
+    assert abs(methods["OT"]["alpha_outlier_share"] - 0.1) < 2e-3 and methods["SROT hard"]["alpha_outlier_share"] < 0.03
     assert all(m["step_s"]["mean"] > 0 and len(m["loss_curve"]) == 4 for m in methods.values())
     assert any(c["claim"] == "SROT hard ends closer to alpha_c than OT" for c in metrics["claims"])
     assert not any("partial" in c["claim"].lower() for c in metrics["claims"])
