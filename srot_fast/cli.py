@@ -1,6 +1,6 @@
 """Command line ``srot-fast``: the paper's experiments as sub-commands, writing PNG figures and metrics tables.
 
-    srot-fast {demo,flow2d,flow-images,monge,label-prop,gan} [--out DIR] [--quick] [--seed S] [--backend B]
+    srot-fast {demo,flow2d,flow-images,monge,label-prop,gan,cloud3d} [--out DIR] [--quick] [--seed S] [--backend B]
               [--device D] [--threads T] [--no-progress] [experiment options]
 
 The experiments live in ``srot_fast/experiments/<module>.py`` (listed in ``experiments.MODULES``); each

@@ -4,6 +4,8 @@ r"""Generated 2-D data sets of the paper (docs/DESIGN.md, Experiments), determin
   each tainted with type-I outliers (far from both measures) and type-II outliers (inside the other measure).
 - :func:`make_flow_2d`: the 2-D gradient-flow example (paper Fig. 4): a data measure ``alpha`` on an annulus
   tainted with type-II outliers drawn from the law of the initial flowing measure ``beta0``.
+- :func:`make_cloud_3d`: a 3-D point-cloud example: a sphere shell tainted with type-II outliers drawn from
+  the law of the other measure, a torus.
 
 All randomness comes from a private ``torch.Generator`` seeded with ``seed`` (the global RNG is untouched).
 Points are drawn in float64 and cast to ``dtype``, so float32 and float64 data agree up to rounding.
@@ -11,13 +13,13 @@ Points are drawn in float64 and cast to ``dtype``, so float32 and float64 data a
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 
 from . import _checks
 
-__all__ = ["Toy2D", "Flow2D", "make_toy_2d", "make_flow_2d"]
+__all__ = ["Toy2D", "Flow2D", "Cloud3D", "make_toy_2d", "make_flow_2d", "make_cloud_3d"]
 
 
 class Toy2D(NamedTuple):
@@ -42,6 +44,15 @@ class Flow2D(NamedTuple):
     alpha: torch.Tensor
     alpha_outlier: torch.Tensor
     beta0: torch.Tensor
+
+
+class Cloud3D(NamedTuple):
+    """3-D point-cloud example: ``x`` (n, 3) source (clean sphere shell + type-II outliers), ``x_outlier`` (n,)
+    boolean mask of its outliers, ``y`` (m, 3) target (torus)."""
+
+    x: torch.Tensor
+    x_outlier: torch.Tensor
+    y: torch.Tensor
 
 
 def _check_dtype(dtype) -> torch.dtype:
@@ -128,3 +139,48 @@ def make_flow_2d(
     alpha = torch.cat([clean, outliers])
     mask = torch.arange(n) >= n - k
     return Flow2D(alpha.to(dtype), mask, beta0.to(dtype))
+
+
+TORUS_CENTRE = (3.0, 0.0, 0.0)
+TORUS_RADII = (1.0, 0.25)  # major radius (centre to tube centre), minor radius (tube)
+
+
+def _torus(k: int, g: torch.Generator) -> torch.Tensor:
+    """(k, 3) float64 points uniform (in area) on the torus of :data:`TORUS_RADII` centred at
+    :data:`TORUS_CENTRE`, its axis along z (rejection on the tube angle: area element (R + r cos v))."""
+    big, small = TORUS_RADII
+    v = torch.empty(0, dtype=torch.float64)
+    while len(v) < k:
+        cand = 2 * math.pi * torch.rand(2 * k + 16, generator=g, dtype=torch.float64)
+        keep = torch.rand(len(cand), generator=g, dtype=torch.float64) * (big + small) < big + small * torch.cos(cand)
+        v = torch.cat([v, cand[keep]])
+    v = v[:k]
+    u = 2 * math.pi * torch.rand(k, generator=g, dtype=torch.float64)
+    ring = big + small * torch.cos(v)
+    pts = torch.stack([ring * torch.cos(u), ring * torch.sin(u), small * torch.sin(v)], dim=1)
+    return pts + torch.tensor(TORUS_CENTRE, dtype=torch.float64)
+
+
+def make_cloud_3d(
+    n: int = 40_000, m: Optional[int] = None, outlier_frac: float = 0.1, seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> Cloud3D:
+    """3-D point clouds: source ``x`` = n - k points uniform on the unit sphere (centre 0) plus
+    k = round(outlier_frac * n) type-II outliers drawn from the target's law; target ``y`` = m points (default
+    n) uniform on the torus of major radius 1 and tube radius 0.25 centred at (3, 0, 0), axis z. Outliers are
+    the last k rows of ``x``. Every point lies in [-1, 4.25] x [-1.25, 1.25] x [-1, 1].
+    """
+    n = _checks.check_int(n, "n", 1)
+    m = n if m is None else _checks.check_int(m, "m", 1)
+    outlier_frac = _checks.check_fraction(outlier_frac, "outlier_frac")
+    k = int(round(outlier_frac * n))
+    if k >= n:
+        raise ValueError(f"outlier_frac={outlier_frac} leaves no clean point for n={n}")
+    dtype = _check_dtype(dtype)
+    g = _generator(seed)
+    z = torch.randn(n - k, 3, generator=g, dtype=torch.float64)
+    sphere = z / z.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    x = torch.cat([sphere, _torus(k, g)])
+    y = _torus(m, g)
+    mask = torch.arange(n) >= n - k
+    return Cloud3D(x.to(dtype), mask, y.to(dtype))

@@ -9,7 +9,7 @@ import torch
 from srot_fast.cli import build_parser, main
 from srot_fast.experiments import MODULES
 
-NAMES = ["demo", "flow2d", "flow-images", "monge", "label-prop", "gan"]
+NAMES = ["demo", "flow2d", "flow-images", "monge", "label-prop", "gan", "cloud3d"]
 
 
 def test_help_lists_every_subcommand():

@@ -4,7 +4,7 @@ import pytest
 
 from srot_fast.cli import build_parser
 
-NAMES = ["demo", "flow2d", "flow-images", "monge", "label-prop", "gan"]
+NAMES = ["demo", "flow2d", "flow-images", "monge", "label-prop", "gan", "cloud3d"]
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -6,4 +6,4 @@ added by :func:`srot_fast.experiments._common.add_common`; an optional ``DEFAULT
 ``--device`` default) and ``run(args) -> dict`` which writes PNG figures, ``metrics.json`` and ``metrics.md``
 into ``args.out`` and returns the metrics (with a "claims" list whose entries have "passed").
 """
-MODULES = ("demo", "flow2d", "flow_images", "monge", "label_prop", "gan")
+MODULES = ("demo", "flow2d", "flow_images", "monge", "label_prop", "gan", "cloud3d")

@@ -14,10 +14,18 @@ each flow step needs hundreds of iterations (and float32 stalls near a 1e-3 marg
 The detectors (VAT and CE-only, :class:`srot_fast.OutlierDetector`) are fitted once, on alpha (source) versus
 beta_0 (target), before the flows; beta_t's points are never flagged.
 
-Memory is linear in n along the whole path (online Sinkhorn backends 'cpu' / 'keops' / 'triton'; 'auto'
-picks one above 64 x 64 points): W1(alpha_c, beta_t) is exact (``ot.emd2``) on fixed random subsamples of at
-most ``--w1-points`` points per measure (exact on the whole measures at the default n = 1000), and the
-figures draw at most 2000 points per measure.
+Memory is linear in n along the whole path (online Sinkhorn backends 'cpu' / 'blocksparse' / 'keops' /
+'triton'; 'auto' picks one above 64 x 64 points, 'blocksparse' on CPU from about n = 32 000, see
+:func:`srot_fast.backends.resolve_backend`): W1(alpha_c, beta_t) is exact (``ot.emd2``) on fixed random
+subsamples of at most ``--w1-points`` points per measure (exact on the whole measures at the default
+n = 1000), the detectors train on at most ``--detector-points`` points per measure (all of them at the
+default n) and score every point, and the figures draw at most 2000 points per measure. ``--methods`` runs a
+subset of the flows (at a large n, one flow at a time).
+
+Cost at large n: every Sinkhorn pass is O(n^2) pair evaluations unless the block-sparse pass can drop pairs.
+At p = 1 with this blur it keeps most of them (e^{-C/eps} decays only exponentially, and the reduced cost
+C - f - g of the flow's potentials is small along whole transport rays), so a pass at n = 10^6 is about
+10^12 kernel evaluations whatever the backend.
 """
 from __future__ import annotations
 
@@ -42,6 +50,7 @@ P = 1                     # ground cost |x - y|
 BLUR = 0.05               # eps = BLUR**P
 FLOW_TOL = 3e-3           # Sinkhorn tolerance per flow step (warm-started); the final plan is re-solved at FINAL_TOL
 FINAL_TOL = 1e-4          # plan at beta_T: share metrics accurate to ~1e-4
+DETECTOR_POINTS = 20_000  # detectors train on at most this many points per measure (all of them at the default n)
 MASS = 0.9                # partial OT and SROT soft: the clean share of alpha
 REACH = 3.0               # UOT (KL), tau = reach**p = 3 ~ the initial gap W1(alpha_c, beta_0) ~ 3: moving beta's
 #                           mass across the gap costs about as much as destroying it, the regime where UOT acts as
@@ -65,6 +74,18 @@ def add_arguments(p) -> None:
                    help="W1 is exact (ot.emd2) on fixed random subsamples of at most this many points per "
                         "measure (default 1000: the whole measures at n=1000)")
     p.add_argument("--no-ce", dest="ce", action="store_false", help="skip the SROT-CE hard flow")
+    p.add_argument("--methods", default=None,
+                   help="comma-separated subset of the flows to run, from " + ", ".join(METHOD_KEYS)
+                        + " (default: all; the claims that compare flows need both of them)")
+    p.add_argument("--detector-points", type=int, default=DETECTOR_POINTS,
+                   help=f"the detectors train on random subsamples of at most this many points of alpha and of "
+                        f"beta_0 (default {DETECTOR_POINTS}: all points at the default n) and score every point")
+
+
+# --methods keys -> flow names of flow_specs (in the order the flows run)
+METHOD_KEYS = {"ot": "OT", "uot": f"UOT (KL, reach={REACH:g})", "partial": f"Partial OT (m={MASS:g})",
+               "srot-ce-hard": "SROT-CE hard", "srot-hard": "SROT hard",
+               "srot-soft": f"SROT soft (partial m={MASS:g})", "srot-soft-rescaled": "SROT soft (rescaled)"}
 
 
 # --------------------------------------------------------------------------------------------- shared helpers
@@ -108,7 +129,9 @@ def run_flow(name: str, alpha: torch.Tensor, beta0: torch.Tensor, *, a: torch.Te
     y = beta0.clone()
     m = len(y)
     ones = torch.ones(1, dtype=alpha.dtype, device=alpha.device)
-    ops = get_ops(resolve_backend(backend, len(alpha), m, alpha.device))
+    # the backend the solves use (with the points, so that 'auto' may pick 'blocksparse'): gamma = max C is
+    # then exact without a dense N x M pass on large low-dimensional clouds
+    ops = get_ops(resolve_backend(backend, len(alpha), m, alpha.device, points=(alpha, y), eps=eps, p=p))
     snapshot_steps = set(snapshot_steps)
     snaps = {}
 
@@ -125,11 +148,12 @@ def run_flow(name: str, alpha: torch.Tensor, beta0: torch.Tensor, *, a: torch.Te
                         init=init_, **solver_kw)
 
     init = None
-    iters, values = [], []
+    iters, values, step_s = [], [], []
     curve = [(0, evaluate(y) if w0 is None else w0)]
     keep(0, y)
     bar = tqdm(range(1, steps + 1), desc=f"flow: {name}", disable=not progress, leave=False)
     for t in bar:
+        t_step = _common.Timer()
         y.requires_grad_(True)
         res = solve(y, init, tol, max_iter)
         (grad,) = torch.autograd.grad(res.value, y)
@@ -137,14 +161,17 @@ def run_flow(name: str, alpha: torch.Tensor, beta0: torch.Tensor, *, a: torch.Te
         iters.append(res.n_iter)
         values.append(float(res.value.detach()))
         y = (y.detach() - lr * m * grad).detach()
+        step_s.append(t_step.read())
         if not bool(torch.isfinite(y).all()):
             raise FloatingPointError(f"flow {name!r} diverged at step {t} (non-finite points); lower --lr")
         keep(t, y)
         if t % every == 0 or t == steps:
             curve.append((t, evaluate(y)))
     bar.close()
+    t_final = _common.Timer()
     final = solve(y, init, final_tol, 5 * max_iter)
-    return {"beta_T": y, "curve": curve, "values": values, "iters": iters, "snapshots": snaps,
+    return {"beta_T": y, "curve": curve, "values": values, "iters": iters, "step_s": step_s,
+            "final_s": t_final.read(), "snapshots": snaps,
             "row_mass": final.row_mass.detach(), "col_mass": final.col_mass.detach(),
             "final_value": float(final.value.detach()), "final_iters": final.n_iter,
             "final_marginal_error": float(final.marginal_error), "backend": final.backend, "wall_s": timer.read(),
@@ -155,20 +182,27 @@ claim = _common.claim
 
 
 def fit_detectors(alpha: torch.Tensor, beta0: torch.Tensor, is_out: torch.Tensor, methods, *, seed: int,
-                  progress: bool, device, **kw) -> tuple[dict, dict]:
+                  progress: bool, device, max_points: Optional[int] = None, **kw) -> tuple[dict, dict]:
     """Detectors fitted once, alpha (source) vs beta_0 (target), before the flows: per method, alpha's (N,)
-    P(target) scores and a detection summary (outliers found, clean points flagged, eta, epochs)."""
+    P(target) scores and a detection summary (outliers found, clean points flagged, eta, epochs).
+    ``max_points``: train on fixed random subsamples of at most this many points per measure (None: all);
+    the scores and the summary cover every point."""
     from ..detector import OutlierDetector
 
+    src, tgt = alpha, beta0
+    if max_points is not None:
+        gen = torch.Generator().manual_seed(seed + 2)
+        src = alpha[subsample_index(len(alpha), max_points, gen).to(alpha.device)]
+        tgt = beta0[subsample_index(len(beta0), max_points, gen).to(beta0.device)]
     scores, detection = {}, {}
     for k in methods:
-        det = OutlierDetector(method=k, seed=seed, progress=progress, device=device, **kw).fit(alpha, beta0)
+        det = OutlierDetector(method=k, seed=seed, progress=progress, device=device, **kw).fit(src, tgt)
         scores[k] = det.predict_proba(alpha).to(device, alpha.dtype)
         flagged = scores[k] > 0.5
         detection[k] = {"alpha_outliers_found": int((flagged & is_out).sum()), "n_alpha_outliers": int(is_out.sum()),
                         "alpha_clean_flagged": int((flagged & ~is_out).sum()),
                         "beta0_flagged": int((det.predict_proba(beta0) < 0.5).sum()), "eta": det.eta_,
-                        "epochs": det.n_epochs_}
+                        "epochs": det.n_epochs_, "train_points": [len(src), len(tgt)]}
     return scores, detection
 
 
@@ -180,7 +214,9 @@ def flow_metrics(r: dict, is_out: torch.Tensor) -> dict:
     return {"alpha_outlier_share": float(row[is_out].sum()) / moved if moved > 0 else float("nan"),
             "transported_mass": moved, "mean_iters_per_step": float(it.mean()), "max_iters_per_step": int(it.max()),
             "total_iters": int(it.sum()), "final_plan_iters": r["final_iters"],
-            "final_marginal_error": r["final_marginal_error"], "backend": r["backend"], "wall_s": r["wall_s"],
+            "final_marginal_error": r["final_marginal_error"], "backend": r["backend"],
+            "step_s": {"first": r["step_s"][0], "mean": sum(r["step_s"]) / len(r["step_s"]), "max": max(r["step_s"])},
+            "final_plan_s": r["final_s"], "wall_s": r["wall_s"],
             "cpu_s": r["cpu_s"], "loss_curve": r["values"]}
 
 
@@ -261,14 +297,33 @@ def _settings(args) -> dict:
         raise _common.CliError(f"--every must be >= 1, got {every}")
     if args.w1_points < 10:
         raise _common.CliError(f"--w1-points must be >= 10, got {args.w1_points}")
-    return {"n": n, "steps": steps, "lr": lr, "every": every}
+    if args.detector_points < 10:
+        raise _common.CliError(f"--detector-points must be >= 10, got {args.detector_points}")
+    return {"n": n, "steps": steps, "lr": lr, "every": every, "methods": _methods(args)}
+
+
+def _methods(args) -> list:
+    """The flow names selected by --methods (all by default; SROT-CE hard unless --no-ce)."""
+    if args.methods is None:
+        keys = [k for k in METHOD_KEYS if args.ce or k != "srot-ce-hard"]
+    else:
+        keys = [k.strip() for k in args.methods.split(",") if k.strip()]
+        bad = [k for k in keys if k not in METHOD_KEYS]
+        if bad or not keys:
+            raise _common.CliError(f"--methods: unknown or empty flow name(s) {bad or args.methods!r}; choose "
+                                   f"from {', '.join(METHOD_KEYS)}")
+        if "srot-ce-hard" in keys and not args.ce:
+            raise _common.CliError("--methods names srot-ce-hard but --no-ce skips it")
+        keys = [k for k in METHOD_KEYS if k in keys]  # the usual order, no duplicates
+    return [METHOD_KEYS[k] for k in keys]
 
 
 def run(args) -> dict:
     from ..datasets import Flow2D, make_flow_2d
 
     cfg = _settings(args)
-    n, steps, lr, every = cfg["n"], cfg["steps"], cfg["lr"], cfg["every"]
+    n, steps, lr, every, names = cfg["n"], cfg["steps"], cfg["lr"], cfg["every"], cfg["methods"]
+    with_ce = "SROT-CE hard" in names
     total, device, out = _common.start(args)
     d = make_flow_2d(n, OUTLIER_FRAC, seed=args.seed, dtype=torch.float32)
     alpha, beta0, is_out = d.alpha.to(device), d.beta0.to(device), d.alpha_outlier.to(device)
@@ -276,8 +331,8 @@ def run(args) -> dict:
 
     # detectors: fitted once, alpha (source) vs beta_0 (target), before the flows
     tm = _common.Timer()
-    s_alpha, detection = fit_detectors(alpha, beta0, is_out, ("vat", "ce") if args.ce else ("vat",), seed=args.seed,
-                                       progress=args.progress, device=device)
+    s_alpha, detection = fit_detectors(alpha, beta0, is_out, ("vat", "ce") if with_ce else ("vat",), seed=args.seed,
+                                       progress=args.progress, device=device, max_points=args.detector_points)
     t_det = tm.read()
 
     # fixed subsamples for W1 and the figures (linear memory at any n)
@@ -296,7 +351,8 @@ def run(args) -> dict:
 
     a = torch.full((n,), 1.0 / n, dtype=alpha.dtype, device=device)
     b = torch.full((n,), 1.0 / n, dtype=alpha.dtype, device=device)
-    runs, methods = run_flows(flow_specs(a, b, s_alpha, args.ce), alpha, beta0, is_out, lr=lr, steps=steps,
+    specs = [sp for sp in flow_specs(a, b, s_alpha, with_ce) if sp[0] in names]
+    runs, methods = run_flows(specs, alpha, beta0, is_out, lr=lr, steps=steps,
                               every=every, evaluate=w1, w0=w0, backend=args.backend, progress=args.progress,
                               snapshot_steps=snap_steps, snapshot_index=p_ib)
     t_flow = tm.read() - t_det
@@ -317,6 +373,7 @@ def run(args) -> dict:
     config = {"quick": bool(args.quick), "seed": args.seed, "backend": args.backend, "device": str(device),
               "threads": torch.get_num_threads(), "n": n, "steps": steps, "lr": lr, "w1_every": every,
               "w1_points": args.w1_points, "w1_points_used": [len(w_ic), len(w_ib)], "p": P, "blur": BLUR,
+              "methods": names, "detector_points": args.detector_points,
               "flow_tol": FLOW_TOL, "final_tol": FINAL_TOL, "uot_reach": REACH, "partial_mass": MASS,
               "outlier_frac": OUTLIER_FRAC, "detector": "OutlierDetector(method='vat'/'ce'), fitted once on "
                                                          "alpha (source) vs beta_0 (target)",
@@ -332,6 +389,7 @@ def run(args) -> dict:
 
 
 def _claims(methods: dict, detection: dict) -> list:
+    """The paper's claims on the flows that ran (a comparison only when both of its flows ran)."""
     out = []
     robust = [k for k in methods if k.startswith(("SROT hard", "SROT soft"))]
     classic = [k for k in methods if k.startswith(("OT", "UOT", "Partial"))]
@@ -344,17 +402,17 @@ def _claims(methods: dict, detection: dict) -> list:
         out.append(claim(f"{k} moves >= the outliers' 10 % share from them", v >= OUTLIER_FRAC - SHARE_TOL,
                          f"share {100 * v:.2f} %"))
     w = {k: m["W1_alpha_c_beta_T"] for k, m in methods.items()}
-    part = next(k for k in methods if k.startswith("Partial"))
-    soft = next(k for k in methods if k.startswith("SROT soft (partial"))
-    out.append(claim("SROT hard ends closer to alpha_c than OT", w["SROT hard"] < w["OT"],
-                     f"W1 {w['SROT hard']:.4f} vs {w['OT']:.4f}"))
-    out.append(claim("SROT hard ends closer to alpha_c than partial OT", w["SROT hard"] < w[part],
-                     f"W1 {w['SROT hard']:.4f} vs {w[part]:.4f}"))
-    out.append(claim("partial OT does worse than OT (transports the outliers, leaves clean beta mass)",
-                     w[part] > w["OT"], f"W1 {w[part]:.4f} vs {w['OT']:.4f}"))
-    out.append(claim("SROT soft with rescaling ends closer to alpha_c than without",
-                     w["SROT soft (rescaled)"] < w[soft],
-                     f"W1 {w['SROT soft (rescaled)']:.4f} vs {w[soft]:.4f}"))
+    part, soft = METHOD_KEYS["partial"], METHOD_KEYS["srot-soft"]
+
+    def closer(text, lo, hi, swap=False):  # claim w[lo] < w[hi], when both flows ran
+        if lo in w and hi in w:
+            a, b = (hi, lo) if swap else (lo, hi)
+            out.append(claim(text, w[lo] < w[hi], f"W1 {w[a]:.4f} vs {w[b]:.4f}"))
+
+    closer("SROT hard ends closer to alpha_c than OT", "SROT hard", "OT")
+    closer("SROT hard ends closer to alpha_c than partial OT", "SROT hard", part)
+    closer("partial OT does worse than OT (transports the outliers, leaves clean beta mass)", "OT", part, swap=True)
+    closer("SROT soft with rescaling ends closer to alpha_c than without", "SROT soft (rescaled)", soft)
     out.append(detector_claim(detection))
     return out
 
