@@ -98,6 +98,8 @@ def _threshold_from_env() -> float:
 
 THRESHOLD = _threshold_from_env()  # relative mass a pass may drop per row
 DENSE_FRACTION = 0.5  # kept pairs above this fraction of N M: dense pass instead
+NBEST = 4  # column blocks of each row block whose exact LSE gives the row bound (= NBEST in csrc/cpu_ops.cpp)
+TIGHTEN_ABOVE = 0.02  # box bounds kept more than this fraction: a second sweep with exact row bounds
 MIN_PAIRS = 1 << 18  # N M below this: dense pass
 CACHE_SIZE = 8
 
@@ -238,9 +240,38 @@ def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
 _capacity: dict = {}  # (B, nrb, ncb) -> column ranges buffer size that fitted last time
 
 
+def _row_lower(ox: _Order, oy: _Order, hs: torch.Tensor, best: torch.Tensor, eps: float, p: int) -> torch.Tensor:
+    """(B, nrb) float64 lower bound of every row's LSE_j [h_j - C_ij / eps], per row block I: the smallest over
+    the rows of I of the exact LSE over the columns of the column blocks ``best`` (B, nrb, NBEST) (-1: none).
+    A sum over a subset of a row's terms is below the row's sum, so this is a valid bound; it is much tighter
+    than the box bound lse_J - Cmax(I, J) / eps when the blocks are wide against eps. O(N BLOCK D) work."""
+    B, n, d = ox.pts.shape
+    m = oy.pts.shape[1]
+    out = torch.full((B, ox.nblk), -math.inf, dtype=torch.float64)
+    rows = torch.arange(ox.nblk * BLOCK).clamp_max_(n - 1).view(ox.nblk, BLOCK)
+    lane = torch.arange(BLOCK)
+    chunk = max(1, (1 << 22) // (NBEST * BLOCK * BLOCK * max(d, 1)))
+    for b in range(B):
+        for i0 in range(0, ox.nblk, chunk):
+            bj = best[b, i0:i0 + chunk]                                        # (K, NBEST)
+            cols = (bj.clamp_min(0)[..., None] * BLOCK + lane).flatten(1)      # (K, NBEST * BLOCK)
+            real = (cols < m) & (bj >= 0).repeat_interleave(BLOCK, 1)
+            cols = cols.clamp_max(m - 1)
+            xb = ox.pts[b, rows[i0:i0 + chunk]].double()                       # (K, BLOCK, d)
+            yb = oy.pts[b, cols].double()                                      # (K, BLOCK, d)
+            sq = (xb[:, :, None, :] - yb[:, None, :, :]).square().sum(-1)      # (K, rows, cols)
+            cost = sq.sqrt() if p == 1 else 0.5 * sq
+            h = hs[b, cols].masked_fill(~real, -math.inf)                      # (K, cols)
+            low = torch.logsumexp(h[:, None, :] - cost / eps, -1).amin(-1)     # (K,)
+            out[b, i0:i0 + chunk] = low
+    return out
+
+
 def _prune(lib, ox: _Order, oy: _Order, hs: Optional[torch.Tensor], eps: float, p: int, threads: int):
     """Column ranges (offs (B * nrb + 1,), rng (R, 2)) of every row block, and the fraction of pairs kept.
-    ``hs`` (B, M) the sorted log-weights, or None for the max-cost mode."""
+    ``hs`` (B, M) the sorted log-weights, or None for the max-cost mode. In LSE mode the box bounds run first;
+    when they keep more than ``TIGHTEN_ABOVE`` of the pairs, a second sweep adds the row bound of
+    :func:`_row_lower` on the NBEST most promising column blocks of each row block."""
     global _last_kept
     B, n, d = ox.pts.shape
     m = oy.pts.shape[1]
@@ -252,20 +283,28 @@ def _prune(lib, ox: _Order, oy: _Order, hs: Optional[torch.Tensor], eps: float, 
     offs = torch.empty(B * ox.nblk + 1, dtype=torch.int64)
     kept = torch.zeros(1, dtype=torch.float64)
     key = (B, ox.nblk, oy.nblk)
-    cap = _capacity.get(key, 4 * B * ox.nblk)
     log_thr = math.log(THRESHOLD)
+    lrow = None
     while True:
-        rng = torch.empty(max(cap, 1), 2, dtype=torch.int64)
-        total = lib.srot_bs_prune(_ptr(ox.lo), _ptr(ox.hi), _ptr(ox.slo), _ptr(ox.shi), ox.nblk, _ptr(oy.lo),
-                                  _ptr(oy.hi), _ptr(oy.slo), _ptr(oy.shi), oy.nblk,
-                                  *(None if t is None else _ptr(t) for t in stats), B, n, m, d, p, float(eps),
-                                  log_thr, _ptr(offs), _ptr(rng), cap, _ptr(kept),
-                                  1 if B * ox.nblk * oy.nblk < 1 << 16 else threads)
-        if total <= cap:
+        best = torch.empty(B, ox.nblk, NBEST, dtype=torch.int64) if hs is not None and lrow is None else None
+        cap = _capacity.get(key, 4 * B * ox.nblk)
+        while True:
+            rng = torch.empty(max(cap, 1), 2, dtype=torch.int64)
+            total = lib.srot_bs_prune(_ptr(ox.lo), _ptr(ox.hi), _ptr(ox.slo), _ptr(ox.shi), ox.nblk, _ptr(oy.lo),
+                                      _ptr(oy.hi), _ptr(oy.slo), _ptr(oy.shi), oy.nblk,
+                                      *(None if t is None else _ptr(t) for t in stats),
+                                      None if lrow is None else _ptr(lrow), None if best is None else _ptr(best),
+                                      B, n, m, d, p, float(eps), log_thr, _ptr(offs), _ptr(rng), cap, _ptr(kept),
+                                      1 if B * ox.nblk * oy.nblk < 1 << 16 else threads)
+            if total <= cap:
+                break
+            cap = int(total * 1.25) + 16
+        _capacity[key] = cap
+        frac = float(kept) / max(B * n * m, 1)
+        if best is None or frac <= TIGHTEN_ABOVE:
             break
-        cap = int(total * 1.25) + 16
-    _capacity[key] = cap
-    _last_kept = float(kept) / max(B * n * m, 1)
+        lrow = _row_lower(ox, oy, hs, best, eps, p).contiguous()
+    _last_kept = frac
     return offs, rng[:total], _last_kept
 
 

@@ -468,9 +468,14 @@ struct Boxes {
   const double* h(int64_t i, int64_t d) const { return hi + i * d; }
 };
 
+// lrow (nrb,), optional: a lower bound of every row's LSE per row block (the exact LSE over a subset of its
+// columns, kernels/blocksparse.py), used beside the box bounds; best (nrb, NBEST), optional output: per row
+// block the NBEST candidate column blocks of largest up (-1 where fewer), where such a subset is worth taking.
+constexpr int NBEST = 4;
+
 void prune_task(int64_t s, Boxes rb, Boxes rs, int64_t nrb, Boxes cb, Boxes cs, int64_t ncb, int64_t nct,
                 int64_t n, int64_t m, int64_t d, const PairBounds& bnd, const PairBounds& sbnd, double slack1,
-                double slack2, Pruned& out) {
+                double slack2, const double* lrow, int64_t* best, Pruned& out) {
   const double ninf = -std::numeric_limits<double>::infinity();
   const bool lse_mode = bnd.lse != nullptr;
   const int64_t i_end = std::min(nrb, (s + 1) * KS);
@@ -489,7 +494,7 @@ void prune_task(int64_t s, Boxes rb, Boxes rs, int64_t nrb, Boxes cb, Boxes cs, 
                       [&](int64_t a, int64_t b) { return up_t[a] > up_t[b]; });
     double lmin = std::numeric_limits<double>::infinity();
     for (int64_t i = s * KS; i < i_end; ++i) {
-      double li = -std::numeric_limits<double>::infinity();
+      double li = lrow != nullptr ? lrow[i] : ninf;
       for (int64_t q = 0; q < nbest; ++q)
         for (int64_t j = order[q] * KS; j < std::min(ncb, (order[q] + 1) * KS); ++j) {
           double lo, up;
@@ -507,7 +512,7 @@ void prune_task(int64_t s, Boxes rb, Boxes rs, int64_t nrb, Boxes cb, Boxes cs, 
   for (int64_t i = s * KS; i < i_end; ++i) {
     cand.clear();
     up_j.clear();
-    double li = ls;
+    double li = lrow != nullptr ? std::max(ls, lrow[i]) : ls;
     for (int64_t t : keep_t) {
       const int64_t j_end = std::min(ncb, (t + 1) * KS);
       for (int64_t j = t * KS; j < j_end; ++j) {
@@ -521,6 +526,14 @@ void prune_task(int64_t s, Boxes rb, Boxes rs, int64_t nrb, Boxes cb, Boxes cs, 
       }
     }
     int64_t nr = 0, last = -2, cols = 0;
+    if (best != nullptr) {
+      std::vector<size_t> idx(cand.size());
+      for (size_t c = 0; c < idx.size(); ++c) idx[c] = c;
+      const size_t nb = std::min<size_t>(NBEST, idx.size());
+      std::partial_sort(idx.begin(), idx.begin() + nb, idx.end(),
+                        [&](size_t a, size_t b) { return up_j[a] > up_j[b]; });
+      for (size_t q = 0; q < (size_t)NBEST; ++q) best[i * NBEST + q] = q < nb ? cand[idx[q]] : -1;
+    }
     if (!lse_mode || li > ninf) {
       for (size_t c = 0; c < cand.size(); ++c) {
         if (up_j[c] < li + slack2) continue;
@@ -546,7 +559,7 @@ void prune_task(int64_t s, Boxes rb, Boxes rs, int64_t nrb, Boxes cb, Boxes cs, 
 extern "C" {
 
 // Version of the entry points below; the loader refuses a library whose version differs from its own.
-int srot_abi_version() { return 3; }
+int srot_abi_version() { return 4; }
 
 // Every entry point takes a batch of nbatch problems of the same sizes (n, m, d): problem b reads
 // x + b * sx (n, d) row-major, yt + b * syt (d, ld) = y transposed with ld = m rounded up to a multiple of
@@ -605,8 +618,8 @@ SROT_DEFINE(double, f64)
 int64_t srot_bs_prune(const double* rlo, const double* rhi, const double* rslo, const double* rshi, int64_t nrb,
                       const double* clo, const double* chi, const double* cslo, const double* cshi, int64_t ncb,
                       const double* lse, const double* top, const double* beta, const double* slse,
-                      const double* stop, const double* sbeta, int64_t nbatch, int64_t n, int64_t m, int64_t d,
-                      int p, double eps, double log_thr, int64_t* offs, int64_t* rng,
+                      const double* stop, const double* sbeta, const double* lrow, int64_t* best, int64_t nbatch,
+                      int64_t n, int64_t m, int64_t d, int p, double eps, double log_thr, int64_t* offs, int64_t* rng,
                       int64_t cap, double* kept, int nthreads) {
   const int64_t nst = (nrb + KS - 1) / KS, nct = (ncb + KS - 1) / KS;
   const bool lse_mode = lse != nullptr, trend = top != nullptr && stop != nullptr;
@@ -622,7 +635,8 @@ int64_t srot_bs_prune(const double* rlo, const double* rhi, const double* rslo, 
                           trend ? sbeta + b * nct * d : nullptr, p, eps};
     prune_task(s, Boxes{rlo + b * nrb * d, rhi + b * nrb * d}, Boxes{rslo + b * nst * d, rshi + b * nst * d}, nrb,
                Boxes{clo + b * ncb * d, chi + b * ncb * d}, Boxes{cslo + b * nct * d, cshi + b * nct * d}, ncb, nct,
-               n, m, d, bnd, sbnd, slack1, slack2, res[task]);
+               n, m, d, bnd, sbnd, slack1, slack2, lrow != nullptr ? lrow + b * nrb : nullptr,
+               best != nullptr ? best + b * nrb * NBEST : nullptr, res[task]);
   }
   int64_t total = 0, row = 0;
   double k = 0.0;
