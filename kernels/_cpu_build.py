@@ -265,10 +265,10 @@ def _declare(lib: ctypes.CDLL) -> None:
         getattr(lib, f"srot_bs_max_sq_{suf}").argtypes = [p, p, i64, i64, i64, i64, i64, i64, i64, p, p, p, c_int]
         for name in ("softmin", "wmean", "argmax", "max_sq"):
             getattr(lib, f"srot_bs_{name}_{suf}").restype = None
-    # rlo, rhi, rslo, rshi, nrb, clo, chi, cslo, cshi, ncb, lse, top, beta, slse, stop, sbeta, lrow, best, nbatch,
-    # n, m, d, p, eps, log_thr, offs, rng, cap, kept, nthreads
-    lib.srot_bs_prune.argtypes = [p, p, p, p, i64, p, p, p, p, i64, p, p, p, p, p, p, p, p, i64, i64, i64, i64, c_int,
-                                  dbl, dbl, p, p, i64, p, c_int]
+    # rlo, rhi, rslo, rshi, nrb, clo, chi, cslo, cshi, ncb, lse, top, beta, slse, stop, sbeta, lrow, lrow0, alpha,
+    # best, nbatch, n, m, d, p, eps, log_thr, offs, rng, cap, kept, nthreads
+    lib.srot_bs_prune.argtypes = [p, p, p, p, i64, p, p, p, p, i64, p, p, p, p, p, p, p, p, p, p, i64, i64, i64, i64,
+                                  c_int, dbl, dbl, p, p, i64, p, c_int]
     lib.srot_bs_prune.restype = i64
     # h, y, lo, hi, nbatch, m, d, size, lse, top, beta, nthreads
     lib.srot_bs_col_stats.argtypes = [p, p, p, p, i64, i64, i64, i64, p, p, p, c_int]

@@ -29,6 +29,13 @@ concave maximisation. J is dropped for I when U_IJ < L_I + log(THRESHOLD / 2) - 
 blocks). The same test runs first on super-block pairs (with the number of column super-blocks; the lower
 bound of a row super-block also takes the min over its blocks of their L_I against the four most promising
 column super-blocks), then on the blocks of the kept super-block pairs, each level with half the budget.
+Row bounds for wide blocks: when a row block is wide against eps (the cost across the median block's diagonal
+above ``WIDE`` eps) and the box bounds keep more than ``TIGHTEN_ABOVE`` of the pairs, a second sweep takes, per
+row block, the exact LSE l_i of each row over its ``NBEST`` column blocks of largest U_IJ (the soft-min kernel on
+those ranges; a subset of the row's terms, so below its LSE): L_I >= min_i l_i, and at p = 2 the linear bound
+LSE_i >= L0_I + alpha_I . (x_i - c_I) (least-squares alpha_I, L0_I the smallest l_i - alpha_I . (x_i - c_I))
+also drops J when top_J (or lse_J with beta = 0) + max over the boxes of
+beta_J . (y - c_J) - alpha_I . (x - c_I) - |x - y|^2 / (2 eps) is below L0_I + the same slack.
 Kept blocks of consecutive columns form column ranges, and the compiled kernel of
 :mod:`srot_fast.kernels.cpu_ops` (``csrc/cpu_ops.cpp``) streams each row block over its ranges only.
 
@@ -99,7 +106,8 @@ def _threshold_from_env() -> float:
 THRESHOLD = _threshold_from_env()  # relative mass a pass may drop per row
 DENSE_FRACTION = 0.5  # kept pairs above this fraction of N M: dense pass instead
 NBEST = 4  # column blocks of each row block whose exact LSE gives the row bound (= NBEST in csrc/cpu_ops.cpp)
-TIGHTEN_ABOVE = 0.02  # box bounds kept more than this fraction: a second sweep with exact row bounds
+TIGHTEN_ABOVE = 0.02  # box bounds kept more than this fraction of the pairs ...
+WIDE = 16.0  # ... and the median row block spans more than this cost / eps: a second sweep with row bounds
 MIN_PAIRS = 1 << 18  # N M below this: dense pass
 CACHE_SIZE = 8
 
@@ -196,6 +204,7 @@ class _Order:
         self.lo = blocks.amin(2).contiguous()
         self.hi = blocks.amax(2).contiguous()
         self.nblk = nblk
+        self.diag = float((self.hi - self.lo).norm(dim=-1).median())  # median block diagonal
         self.slo = _super(self.lo, math.inf).amin(2).contiguous()  # super-block boxes
         self.shi = _super(self.hi, -math.inf).amax(2).contiguous()
         self._yt = None
@@ -240,60 +249,76 @@ def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
 _capacity: dict = {}  # (B, nrb, ncb) -> column ranges buffer size that fitted last time
 
 
-def _row_lower(ox: _Order, oy: _Order, hs: torch.Tensor, best: torch.Tensor, eps: float, p: int) -> torch.Tensor:
-    """(B, nrb) float64 lower bound of every row's LSE_j [h_j - C_ij / eps], per row block I: the smallest over
-    the rows of I of the exact LSE over the columns of the column blocks ``best`` (B, nrb, NBEST) (-1: none).
-    A sum over a subset of a row's terms is below the row's sum, so this is a valid bound; it is much tighter
-    than the box bound lse_J - Cmax(I, J) / eps when the blocks are wide against eps. O(N BLOCK D) work."""
+def _row_lower(lib, ox: _Order, oy: _Order, hs: torch.Tensor, best: torch.Tensor, eps: float, p: int, threads: int):
+    """Row bounds for the second pruning sweep (csrc/cpu_ops.cpp, RowBounds), per row block I: l_i the LSE_j
+    [h_j - C_ij / eps] over the columns of the column blocks ``best`` (B, nrb, NBEST) (-1: none), computed by the
+    soft-min kernel on those ranges -- a sum over a subset of a row's terms, so below the row's full LSE (less a
+    margin of 1e-5 (|l_i| + 1) for the kernel's rounding). ``hs`` (B, M) the sorted log-weights in the points'
+    dtype. Returns (lrow, lrow0, alpha), float64: lrow (B, nrb) the smallest l_i of I; at p = 2 alpha (B, nrb, d)
+    the least-squares slope of l_i in x_i - c_I (c_I the box centre) and lrow0 (B, nrb) the smallest
+    l_i - alpha . (x_i - c_I), so that every row has LSE_i >= lrow0 + alpha . (x_i - c_I); at p = 1 alpha = 0
+    and lrow0 = lrow. Costs one pass over N x NBEST x BLOCK pairs."""
     B, n, d = ox.pts.shape
     m = oy.pts.shape[1]
-    out = torch.full((B, ox.nblk), -math.inf, dtype=torch.float64)
-    rows = torch.arange(ox.nblk * BLOCK).clamp_max_(n - 1).view(ox.nblk, BLOCK)
-    lane = torch.arange(BLOCK)
-    chunk = max(1, (1 << 22) // (NBEST * BLOCK * BLOCK * max(d, 1)))
-    for b in range(B):
-        for i0 in range(0, ox.nblk, chunk):
-            bj = best[b, i0:i0 + chunk]                                        # (K, NBEST)
-            cols = (bj.clamp_min(0)[..., None] * BLOCK + lane).flatten(1)      # (K, NBEST * BLOCK)
-            real = (cols < m) & (bj >= 0).repeat_interleave(BLOCK, 1)
-            cols = cols.clamp_max(m - 1)
-            xb = ox.pts[b, rows[i0:i0 + chunk]].double()                       # (K, BLOCK, d)
-            yb = oy.pts[b, cols].double()                                      # (K, BLOCK, d)
-            sq = (xb[:, :, None, :] - yb[:, None, :, :]).square().sum(-1)      # (K, rows, cols)
-            cost = sq.sqrt() if p == 1 else 0.5 * sq
-            h = hs[b, cols].masked_fill(~real, -math.inf)                      # (K, cols)
-            low = torch.logsumexp(h[:, None, :] - cost / eps, -1).amin(-1)     # (K,)
-            out[b, i0:i0 + chunk] = low
-    return out
+    nb = best.reshape(-1, NBEST).sort(-1).values                              # (B * nrb, NBEST), -1 first
+    valid = nb >= 0
+    offs = torch.zeros(nb.shape[0] + 1, dtype=torch.int64)
+    offs[1:] = valid.sum(-1).cumsum(0)
+    start = nb[valid] * BLOCK
+    rng = torch.stack([start, (start + BLOCK).clamp_max(m)], -1).contiguous()
+    out = torch.empty(B, n, dtype=ox.pts.dtype)
+    getattr(lib, f"srot_bs_softmin_{cpu_ops._suffix(ox.pts)}")(*_args(ox, oy, hs, offs, rng), p, float(eps), _ptr(out),
+                                                               n, threads)
+    low = -out.double() / eps
+    low = low - 1e-5 * (low.abs() + 1)                                        # rounding of the kernel
+    rows = torch.arange(ox.nblk * BLOCK).clamp_max_(n - 1)
+    low = low[:, rows].view(B, ox.nblk, BLOCK)                                # the last block padded with its last row
+    lrow = low.amin(-1)
+    if p != 2:
+        return lrow, lrow, torch.zeros(B, ox.nblk, d, dtype=torch.float64)
+    xc = ox.pts64()[:, rows].view(B, ox.nblk, BLOCK, d) - (0.5 * (ox.lo + ox.hi))[:, :, None, :]
+    fin = torch.isfinite(low).all(-1)                                          # (B, nrb): every l_i finite
+    lf = torch.where(fin[..., None], low, torch.zeros_like(low))
+    xm, lm = xc - xc.mean(2, keepdim=True), lf - lf.mean(2, keepdim=True)
+    gram = xm.transpose(-1, -2) @ xm                                           # (B, nrb, d, d)
+    ridge = 1e-12 * gram.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(1e-300)
+    eye = torch.eye(d, dtype=torch.float64)
+    alpha = torch.linalg.solve(gram + ridge[..., None, None] * eye, xm.transpose(-1, -2) @ lm[..., None])[..., 0]
+    alpha = torch.where(fin[..., None] & torch.isfinite(alpha).all(-1, keepdim=True), alpha, 0.0)
+    lrow0 = (low - (xc @ alpha[..., None])[..., 0]).amin(-1)
+    return lrow, lrow0, alpha.contiguous()
 
 
 def _prune(lib, ox: _Order, oy: _Order, hs: Optional[torch.Tensor], eps: float, p: int, threads: int):
     """Column ranges (offs (B * nrb + 1,), rng (R, 2)) of every row block, and the fraction of pairs kept.
     ``hs`` (B, M) the sorted log-weights, or None for the max-cost mode. In LSE mode the box bounds run first;
-    when they keep more than ``TIGHTEN_ABOVE`` of the pairs, a second sweep adds the row bound of
-    :func:`_row_lower` on the NBEST most promising column blocks of each row block."""
+    when they keep more than ``TIGHTEN_ABOVE`` of the pairs and the row blocks are wide against eps (the cost
+    across the median block's diagonal above ``WIDE`` eps: the box bound lse_J - Cmax / eps then lies far below
+    the rows' LSE), a second sweep adds the row bounds of :func:`_row_lower`."""
     global _last_kept
     B, n, d = ox.pts.shape
     m = oy.pts.shape[1]
     stats = [None] * 6
     if hs is not None:
         trend = p == 2
-        hs = hs.double().contiguous()
-        stats = [*_col_stats(lib, hs, oy, 0, trend, threads), *_col_stats(lib, hs, oy, 1, trend, threads)]
+        h64 = hs.double().contiguous()
+        stats = [*_col_stats(lib, h64, oy, 0, trend, threads), *_col_stats(lib, h64, oy, 1, trend, threads)]
     offs = torch.empty(B * ox.nblk + 1, dtype=torch.int64)
     kept = torch.zeros(1, dtype=torch.float64)
     key = (B, ox.nblk, oy.nblk)
     log_thr = math.log(THRESHOLD)
     lrow = None
+    wide = (ox.diag if p == 1 else 0.5 * ox.diag ** 2) > WIDE * eps
     while True:
-        best = torch.empty(B, ox.nblk, NBEST, dtype=torch.int64) if hs is not None and lrow is None else None
+        best = torch.empty(B, ox.nblk, NBEST, dtype=torch.int64) if hs is not None and lrow is None and wide else None
         cap = _capacity.get(key, 4 * B * ox.nblk)
         while True:
             rng = torch.empty(max(cap, 1), 2, dtype=torch.int64)
             total = lib.srot_bs_prune(_ptr(ox.lo), _ptr(ox.hi), _ptr(ox.slo), _ptr(ox.shi), ox.nblk, _ptr(oy.lo),
                                       _ptr(oy.hi), _ptr(oy.slo), _ptr(oy.shi), oy.nblk,
                                       *(None if t is None else _ptr(t) for t in stats),
-                                      None if lrow is None else _ptr(lrow), None if best is None else _ptr(best),
+                                      *(None if lrow is None else _ptr(t) for t in (lrow or [None] * 3)),
+                                      None if best is None else _ptr(best),
                                       B, n, m, d, p, float(eps), log_thr, _ptr(offs), _ptr(rng), cap, _ptr(kept),
                                       1 if B * ox.nblk * oy.nblk < 1 << 16 else threads)
             if total <= cap:
@@ -301,9 +326,9 @@ def _prune(lib, ox: _Order, oy: _Order, hs: Optional[torch.Tensor], eps: float, 
             cap = int(total * 1.25) + 16
         _capacity[key] = cap
         frac = float(kept) / max(B * n * m, 1)
-        if best is None or frac <= TIGHTEN_ABOVE:
+        if best is None or frac <= TIGHTEN_ABOVE or not wide:
             break
-        lrow = _row_lower(ox, oy, hs, best, eps, p).contiguous()
+        lrow = [t.contiguous() for t in _row_lower(lib, ox, oy, hs, best, eps, p, threads)]
     _last_kept = frac
     return offs, rng[:total], _last_kept
 

@@ -468,14 +468,43 @@ struct Boxes {
   const double* h(int64_t i, int64_t d) const { return hi + i * d; }
 };
 
-// lrow (nrb,), optional: a lower bound of every row's LSE per row block (the exact LSE over a subset of its
-// columns, kernels/blocksparse.py), used beside the box bounds; best (nrb, NBEST), optional output: per row
-// block the NBEST candidate column blocks of largest up (-1 where fewer), where such a subset is worth taking.
+// max over x in [alo, ahi], y in [blo, bhi] of b (y - cb) - a (x - ca) - (x - y)^2 / (2 eps): for fixed x the best
+// y is x + eps b clamped to [blo, bhi]; the resulting function of x is concave, so its maximum is at an end of
+// [alo, ahi] or at a breakpoint or stationary point of one of its three pieces (x = blo, bhi - eps b; blo, bhi -
+// eps a), clamped.
+inline double pair_max(double alo, double ahi, double ca, double a, double blo, double bhi, double cb, double b,
+                       double eps) {
+  const double cand[6] = {alo, ahi, blo - eps * b, bhi - eps * b, blo - eps * a, bhi - eps * a};
+  double best = -std::numeric_limits<double>::infinity();
+  for (double x : cand) {
+    x = std::min(ahi, std::max(alo, x));
+    const double y = std::min(bhi, std::max(blo, x + eps * b)), dd = x - y;
+    best = std::max(best, b * (y - cb) - a * (x - ca) - 0.5 * dd * dd / eps);
+  }
+  return best;
+}
+
+// Row bounds (kernels/blocksparse.py, optional, LSE mode): lrow (nrb,) a lower bound of every row's LSE per row
+// block (the smallest over its rows of the exact LSE over a subset of the columns); at p = 2 also a linear one,
+// LSE_i >= lrow0_I + alpha_I . (x_i - c_I) (c_I the box centre), which follows the rows' own trend across a block
+// that is wide against eps; a column block J is then also dropped for I when
+// min(top_J + max_{x in I, y in J}[beta_J . (y - c_J) - alpha_I . (x - c_I) - |x - y|^2 / (2 eps)],
+//     lse_J + the same with beta = 0) < lrow0_I + slack. best (nrb, NBEST), optional output: per row block the
+// NBEST candidate column blocks of largest up (-1 where fewer), the subset worth taking for lrow.
 constexpr int NBEST = 4;
+struct RowBounds {
+  const double* lrow = nullptr;
+  const double* lrow0 = nullptr;
+  const double* alpha = nullptr;  // (nrb, d)
+  int64_t* best = nullptr;
+};
 
 void prune_task(int64_t s, Boxes rb, Boxes rs, int64_t nrb, Boxes cb, Boxes cs, int64_t ncb, int64_t nct,
                 int64_t n, int64_t m, int64_t d, const PairBounds& bnd, const PairBounds& sbnd, double slack1,
-                double slack2, const double* lrow, int64_t* best, Pruned& out) {
+                double slack2, const RowBounds& rows, Pruned& out) {
+  const double* lrow = rows.lrow;
+  int64_t* best = rows.best;
+  const bool row_trend = rows.alpha != nullptr && bnd.top != nullptr && bnd.p == 2;
   const double ninf = -std::numeric_limits<double>::infinity();
   const bool lse_mode = bnd.lse != nullptr;
   const int64_t i_end = std::min(nrb, (s + 1) * KS);
@@ -538,6 +567,16 @@ void prune_task(int64_t s, Boxes rb, Boxes rs, int64_t nrb, Boxes cb, Boxes cs, 
       for (size_t c = 0; c < cand.size(); ++c) {
         if (up_j[c] < li + slack2) continue;
         const int64_t j = cand[c], a = j * RB, e = std::min(m, (j + 1) * RB);
+        if (row_trend && rows.lrow0[i] > ninf) {
+          const double *alo = rb.l(i, d), *ahi = rb.h(i, d), *blo = cb.l(j, d), *bhi = cb.h(j, d);
+          double t1 = bnd.top[j], t0 = bnd.lse[j];
+          for (int64_t k = 0; k < d; ++k) {
+            const double ca = 0.5 * (alo[k] + ahi[k]), cbk = 0.5 * (blo[k] + bhi[k]), ak = rows.alpha[i * d + k];
+            t1 += pair_max(alo[k], ahi[k], ca, ak, blo[k], bhi[k], cbk, bnd.beta[j * d + k], bnd.eps);
+            t0 += pair_max(alo[k], ahi[k], ca, ak, blo[k], bhi[k], cbk, 0.0, bnd.eps);
+          }
+          if (std::min(t0, t1) < rows.lrow0[i] + slack2) continue;
+        }
         if (j == last + 1) {
           out.rng.back() = e;
         } else {
@@ -618,7 +657,8 @@ SROT_DEFINE(double, f64)
 int64_t srot_bs_prune(const double* rlo, const double* rhi, const double* rslo, const double* rshi, int64_t nrb,
                       const double* clo, const double* chi, const double* cslo, const double* cshi, int64_t ncb,
                       const double* lse, const double* top, const double* beta, const double* slse,
-                      const double* stop, const double* sbeta, const double* lrow, int64_t* best, int64_t nbatch,
+                      const double* stop, const double* sbeta, const double* lrow, const double* lrow0,
+                      const double* alpha, int64_t* best, int64_t nbatch,
                       int64_t n, int64_t m, int64_t d, int p, double eps, double log_thr, int64_t* offs, int64_t* rng,
                       int64_t cap, double* kept, int nthreads) {
   const int64_t nst = (nrb + KS - 1) / KS, nct = (ncb + KS - 1) / KS;
@@ -635,8 +675,11 @@ int64_t srot_bs_prune(const double* rlo, const double* rhi, const double* rslo, 
                           trend ? sbeta + b * nct * d : nullptr, p, eps};
     prune_task(s, Boxes{rlo + b * nrb * d, rhi + b * nrb * d}, Boxes{rslo + b * nst * d, rshi + b * nst * d}, nrb,
                Boxes{clo + b * ncb * d, chi + b * ncb * d}, Boxes{cslo + b * nct * d, cshi + b * nct * d}, ncb, nct,
-               n, m, d, bnd, sbnd, slack1, slack2, lrow != nullptr ? lrow + b * nrb : nullptr,
-               best != nullptr ? best + b * nrb * NBEST : nullptr, res[task]);
+               n, m, d, bnd, sbnd, slack1, slack2,
+               RowBounds{lrow != nullptr ? lrow + b * nrb : nullptr, lrow0 != nullptr ? lrow0 + b * nrb : nullptr,
+                         alpha != nullptr ? alpha + b * nrb * d : nullptr,
+                         best != nullptr ? best + b * nrb * NBEST : nullptr},
+               res[task]);
   }
   int64_t total = 0, row = 0;
   double k = 0.0;
