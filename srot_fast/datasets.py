@@ -114,6 +114,16 @@ def make_toy_2d(
     return Toy2D(x.to(dtype), y.to(dtype), type1, type2, type1.clone(), type2.clone())
 
 
+def _split_outliers(n, outlier_frac) -> tuple:
+    """(n, k): the checked number of points and of outliers among them, k = round(outlier_frac * n) < n."""
+    n = _checks.check_int(n, "n", 1)
+    outlier_frac = _checks.check_fraction(outlier_frac, "outlier_frac")
+    k = int(round(outlier_frac * n))
+    if k >= n:
+        raise ValueError(f"outlier_frac={outlier_frac} leaves no clean point for n={n}")
+    return n, k
+
+
 def make_flow_2d(
     n: int = 1000, outlier_frac: float = 0.1, seed: int = 0, dtype: torch.dtype = torch.float32
 ) -> Flow2D:
@@ -121,11 +131,7 @@ def make_flow_2d(
     with radii [0.7, 1.0], plus k = round(outlier_frac * n) type-II outliers drawn from the law of
     ``beta0`` = N((3, 0), 0.3^2 I) (n points). Outliers are the last k rows of ``alpha``.
     """
-    n = _checks.check_int(n, "n", 1)
-    outlier_frac = _checks.check_fraction(outlier_frac, "outlier_frac")
-    k = int(round(outlier_frac * n))
-    if k >= n:
-        raise ValueError(f"outlier_frac={outlier_frac} leaves no clean point for n={n}")
+    n, k = _split_outliers(n, outlier_frac)
     dtype = _check_dtype(dtype)
     g = _generator(seed)
     r0, r1 = 0.7, 1.0
@@ -170,12 +176,8 @@ def make_cloud_3d(
     n) uniform on the torus of major radius 1 and tube radius 0.25 centred at (3, 0, 0), axis z. Outliers are
     the last k rows of ``x``. Every point lies in [-1, 4.25] x [-1.25, 1.25] x [-1, 1].
     """
-    n = _checks.check_int(n, "n", 1)
+    n, k = _split_outliers(n, outlier_frac)
     m = n if m is None else _checks.check_int(m, "m", 1)
-    outlier_frac = _checks.check_fraction(outlier_frac, "outlier_frac")
-    k = int(round(outlier_frac * n))
-    if k >= n:
-        raise ValueError(f"outlier_frac={outlier_frac} leaves no clean point for n={n}")
     dtype = _check_dtype(dtype)
     g = _generator(seed)
     z = torch.randn(n - k, 3, generator=g, dtype=torch.float64)
