@@ -1,5 +1,6 @@
-r"""Block-sparse CPU backend of the kernel primitives for point clouds in dimension d <= 3 (docs/DESIGN.md,
-Kernel primitive; "Block-sparse passes" under Backends).
+r"""Block-sparse backend of the kernel primitives for point clouds in dimension d <= 3 (docs/DESIGN.md,
+Kernel primitive; "Block-sparse passes" under Backends): the C++ kernel below for CPU tensors; CUDA tensors go
+to :mod:`srot_fast.kernels.triton.blocksparse` (same bounds, pruning in torch, Triton kernels).
 
 Same functions and signatures as :mod:`srot_fast.kernels.tensorized`, unbatched and batched:
 
@@ -153,7 +154,7 @@ def _morton(pts: torch.Tensor) -> torch.Tensor:
     q = ((pts - lo) * scale).clamp_(0, top).to(torch.int64)
     if d == 1:
         return q[..., 0]
-    code = torch.zeros(q.shape[:-1], dtype=torch.int64)
+    code = torch.zeros(q.shape[:-1], dtype=torch.int64, device=q.device)
     for k in range(d):
         code |= _spread(q[..., k], d) << k
     return code
@@ -334,6 +335,15 @@ def _prune(lib, ox: _Order, oy: _Order, hs: Optional[torch.Tensor], eps: float, 
 
 
 # -------------------------------------------------------------------------------------------- passes
+def _on_gpu(x: torch.Tensor):
+    """The Triton block-sparse module for CUDA tensors, else None."""
+    if x.device.type != "cuda":
+        return None
+    from .triton import blocksparse as gpu
+
+    return gpu
+
+
 def _check(x, y, h=None, p=1) -> Optional[int]:
     B = check_operands(x, y, h, p, allow_empty=True, allow_batch=True)
     if not 0 < THRESHOLD <= 1e-3:
@@ -376,6 +386,8 @@ def _args(ox: _Order, oy: _Order, hs, offs, rng):
 def softmin(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int) -> torch.Tensor:
     r"""(N,) | (B, N) soft-min ``out_i = -eps * log sum_j exp(h_j - C(x_i, y_j) / eps)``, within eps * THRESHOLD
     of the dense value; ``+inf`` if all ``h = -inf``."""
+    if _on_gpu(x) is not None:
+        return _on_gpu(x).softmin(x, y, h, eps, p)
     B = _check(x, y, h, p)
     xb, yb, hb = cpu_ops._batched(B, x, y, h)
     setup = _sparse_setup(xb, yb, hb, eps, p)
@@ -395,6 +407,8 @@ def weighted_mean(
     r"""(N, D) | (B, N, D) mean of phi(x_i, y_j) under w_ij = softmax_j(h_j - C_ij / eps) (see the module
     docstring for the truncation bound). ``phi="y"``: y_j. ``phi="grad"``: nabla_x C = (x_i - y_j) / |x_i - y_j|
     (p = 1, 0 where x_i = y_j) or x_i - y_j (p = 2)."""
+    if _on_gpu(x) is not None:
+        return _on_gpu(x).weighted_mean(x, y, h, eps, p, phi)
     B = _check(x, y, h, p)
     if phi not in ("y", "grad"):
         raise ValueError(f"phi must be 'y' or 'grad', got {phi!r}")
@@ -416,6 +430,8 @@ def weighted_mean(
 def plan_argmax(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int) -> torch.Tensor:
     """(N,) | (B, N) int64 index of the largest plan entry per row, argmax_j (h_j - C_ij / eps) (exact; one of
     the maximal indices on exact ties)."""
+    if _on_gpu(x) is not None:
+        return _on_gpu(x).plan_argmax(x, y, h, eps, p)
     B = _check(x, y, h, p)
     if y.shape[-2] == 0:
         raise ValueError("plan_argmax needs at least one column (M >= 1)")
@@ -434,6 +450,8 @@ def plan_argmax(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p
 
 def max_cost(x: torch.Tensor, y: torch.Tensor, p: int) -> torch.Tensor:
     """() | (B,) largest ground cost max_ij C(x_i, y_j) per problem, of x's dtype (exact)."""
+    if _on_gpu(x) is not None:
+        return _on_gpu(x).max_cost(x, y, p)
     B = _check(x, y, None, p)
     if x.shape[-2] == 0 or y.shape[-2] == 0:
         raise ValueError("max_cost of an empty point cloud")

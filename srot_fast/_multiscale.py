@@ -128,7 +128,8 @@ def _applies(geom, eps_list, tol, init) -> bool:
     if real is None or tol is None or init is not None or len(eps_list) < 2:
         return False
     g = real[0]
-    return (g.ops is blocksparse and g.batch == 1 and 1 <= g.x.shape[-1] <= 3 and g.n * g.m >= MIN_PAIRS)
+    return (g.ops is blocksparse and g.x.device.type == "cpu" and g.batch == 1 and 1 <= g.x.shape[-1] <= 3
+            and g.n * g.m >= MIN_PAIRS)
 
 
 def _coarse_len(eps_list, p: int, w: float) -> int:

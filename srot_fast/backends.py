@@ -8,9 +8,10 @@ cpu            C++/OpenMP streaming LSE built on first use; blocked     O((N + M
                torch fallback without a compiler
 keops          pykeops LazyTensor reductions (CPU and CUDA)             O((N + M) D)
 triton         hand-written Triton kernels (CUDA; TRITON_INTERPRET=1)   O((N + M) D)
-blocksparse    the cpu kernel on the block pairs a bound cannot drop    O((N + M) D + kept
-               (d <= 3; small eps against the data's scale); cold       block pairs)
-               solves start on grid cells (srot_fast._multiscale)
+blocksparse    the cpu kernel (CPU) or Triton kernels (CUDA) on the     O((N + M) D + kept
+               block pairs a bound cannot drop (d <= 3; small eps       block pairs)
+               against the data's scale); cold solves on CPU start
+               on grid cells (srot_fast._multiscale)
 =============  ======================================================  ==================
 
 Optional backends are imported lazily, on first use, never at ``import srot_fast``. An explicitly
@@ -96,8 +97,10 @@ def resolve_backend(name: str, n: int, m: int, device, points=None, eps=None, p=
         raise ImportError(f"backend={name!r} needs the package {pkg!r}: pip install '{extra}'")
     if name == "triton" and not _is_cuda(device) and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("backend='triton' needs CUDA tensors (set TRITON_INTERPRET=1 only to test on CPU)")
-    if name in ("cpu", "blocksparse") and _is_cuda(device):
-        raise ValueError(f"backend={name!r} needs CPU tensors; use 'triton', 'keops' or 'auto' on CUDA")
+    if name == "cpu" and _is_cuda(device):
+        raise ValueError("backend='cpu' needs CPU tensors; use 'triton', 'keops', 'blocksparse' or 'auto' on CUDA")
+    if name == "blocksparse" and _is_cuda(device) and not _installed("triton"):
+        raise ImportError("backend='blocksparse' on CUDA needs the package 'triton': pip install 'srot_fast[triton]'")
     return name
 
 

@@ -66,13 +66,14 @@ def _clusters(n, d, g, shift=0.0):
     return centres[torch.randint(8, (n,), generator=g)] + 0.3 * torch.randn(n, d, generator=g, dtype=DT) + shift
 
 
-def _check_primitives(x, y, h, eps, p, thr=None):
-    """Every primitive against the float64 reference, within the truncation bound of the module."""
+def _check_primitives(x, y, h, eps, p, thr=None, ops=bs):
+    """Every primitive of ``ops`` (a block-sparse module) against the float64 reference, within the truncation
+    bound of the module."""
     thr = bs.THRESHOLD if thr is None else thr
     x64, y64, h64 = x.double(), y.double(), h.double()
     scale = max(ref.max_cost(x64, y64, p).item(), 1.0)
     want = ref.softmin(x64, y64, h64, eps, p)
-    got = bs.softmin(x, y, h, eps, p)
+    got = ops.softmin(x, y, h, eps, p)
     finite = torch.isfinite(want)
     assert torch.equal(finite, torch.isfinite(got))
     bound = -eps * math.log1p(-thr) + 1e-12 * scale
@@ -80,18 +81,18 @@ def _check_primitives(x, y, h, eps, p, thr=None):
     reach = torch.cdist(x64, y64).amax(1, keepdim=True)  # max_j |x_i - y_j|: bounds |phi - x_i| (p = 2, 'y')
     for phi in ("y", "grad"):
         want = ref.weighted_mean(x64, y64, h64, eps, p, phi)
-        got = bs.weighted_mean(x, y, h, eps, p, phi)
+        got = ops.weighted_mean(x, y, h, eps, p, phi)
         rows = finite
         lim = 2 * thr * (1.0 if (phi == "grad" and p == 1) else reach[rows]) + 1e-12 * (1 + reach[rows])
         assert ((got - want)[rows].abs() <= lim).all(), phi
         assert got[~rows].isnan().all()
     logits = h64[None, :] - ref.cost_matrix(x64, y64, p) / eps
-    arg = bs.plan_argmax(x, y, h, eps, p)
+    arg = ops.plan_argmax(x, y, h, eps, p)
     best = logits.amax(1)
     got_val = logits.gather(1, arg[:, None])[:, 0]
     assert (got_val[finite] >= best[finite] - 1e-12 * (1 + best[finite].abs())).all()
     assert (arg[~finite] == 0).all()
-    torch.testing.assert_close(bs.max_cost(x, y, p), ref.max_cost(x64, y64, p), rtol=1e-14, atol=0)
+    torch.testing.assert_close(ops.max_cost(x, y, p), ref.max_cost(x64, y64, p), rtol=1e-14, atol=0)
 
 
 # ------------------------------------------------------------------------------------------ primitives

@@ -1,0 +1,296 @@
+r"""Block-sparse Triton backend of the kernel primitives for point clouds in dimension d <= 3: the GPU
+counterpart of :mod:`srot_fast.kernels.blocksparse` (same functions, signatures, threshold and guarantee),
+which calls it for CUDA tensors.
+
+- ``softmin(x, y, h, eps, p)``             -> (N,)    out_i = -eps * LSE_j[h_j - C(x_i, y_j) / eps]
+- ``weighted_mean(x, y, h, eps, p, phi)``  -> (N, D)  sum_j softmax_j(h_j - C_ij / eps) * phi(x_i, y_j)
+- ``plan_argmax(x, y, h, eps, p)``         -> (N,)    int64, argmax_j (h_j - C_ij / eps)
+- ``max_cost(x, y, p)``                    -> ()      max_ij C(x_i, y_j) (the dense Triton pass)
+
+Batches (B, N, D) / (B, M, D) / (B, M) are one launch per kernel.
+
+Algorithm. Each problem's points are sorted along the Morton curve of :mod:`srot_fast.kernels.blocksparse` and
+cut into blocks of ``BLOCK`` = 64 consecutive points with their bounding boxes (cached per point tensor, as
+there). The pruning runs in torch on the points' device, in float64, over all (row block I, column block J)
+pairs of a problem, in chunks of row blocks (memory O(chunk x column blocks)): with lse_J = LSE_{j in J} h_j
+and Cmin, Cmax the smallest / largest cost between the boxes,
+
+    every row i of I:  LSE_j[h_j - C_ij / eps] >= L_I = max_J (lse_J - Cmax(I, J) / eps),
+    LSE_{j in J}[h_j - C_ij / eps] <= U_IJ = lse_J - Cmin(I, J) / eps,
+
+and at p = 2 also U_IJ <= top_J + sum_k max_{x_k in I, y_k in J} [beta_Jk (y_k - c_Jk) - (x_k - y_k)^2 / (2 eps)]
+(beta_J the least-squares slope of h over J about its box centre c_J, top_J = max_j [h_j - beta_J . (y_j - c_J)]
++ log |J|; a concave maximisation per coordinate, solved in closed form). J is dropped for I when
+U_IJ < L_I + log(THRESHOLD) - log(number of column blocks), so the dropped terms of a row weigh at most
+THRESHOLD of its sum: the bounds of :mod:`srot_fast.kernels.blocksparse` (its docstring has the guarantee
+of each primitive). The kept column blocks of each row block form a CSR list (int64 offsets and block
+indices, O(kept block pairs)); the kernels of :mod:`.sparse_kernels` stream each row block over them.
+
+When pruning does not pay: problems with N M below ``blocksparse.MIN_PAIRS``, d > 3, float16 / bfloat16
+points, or a pass that keeps more than ``blocksparse.DENSE_FRACTION`` of the pairs run the dense Triton
+kernels instead (``THRESHOLD``, ``MIN_PAIRS`` and ``DENSE_FRACTION`` are read from
+:mod:`srot_fast.kernels.blocksparse` at each call).
+
+Caution:
+    - The pruning tests every block pair of a problem: O((N / 64) (M / 64)) box tests per pass, in torch (no
+      super-block level as the C++ sweep has, no row bounds for wide blocks).
+    - Outputs carry no autograd graph; an all ``-inf`` row of ``h`` gives ``+inf`` / NaN / 0 as the dense
+      kernels do.
+    - The coarse-to-fine start of :mod:`srot_fast._multiscale` runs on CPU tensors only.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+
+import torch
+import triton
+
+from .. import blocksparse as _cpu_bs
+from .._common import check_operands
+from . import launchers as _dense
+from .sparse_kernels import _bs_argmax_kernel, _bs_softmin_kernel, _bs_wmean_kernel
+
+__all__ = ["BLOCK", "softmin", "weighted_mean", "plan_argmax", "max_cost", "clear_cache", "block_pairs", "trend_max"]
+
+BLOCK = 64  # points per block: row blocks and column blocks
+_CHUNK = 1 << 22  # row blocks x column blocks x d float64 entries per pruning chunk
+_CACHE_SIZE = 8
+_LOG2E = 1.4426950408889634
+_LN2 = 0.6931471805599453
+
+_lock = threading.Lock()
+_cache: "OrderedDict[tuple, _Order]" = OrderedDict()
+
+
+def clear_cache() -> None:
+    """Forget every cached point ordering."""
+    with _lock:
+        _cache.clear()
+
+
+class _Order:
+    """Points (B, N, D) sorted along the Morton curve: ``perm`` (B, N) sorted -> original index, ``inv``,
+    ``pts`` (B, N, D) contiguous, ``pts64`` (B, nblk, BLOCK, D) float64 blocks (the last one padded with its
+    last point), ``lo``, ``hi`` (B, nblk, D) float64 block boxes, ``sizes`` (nblk,) points per block."""
+
+    def __init__(self, t: torch.Tensor):
+        self.src = t.detach().clone()
+        B, N, D = t.shape
+        dev = t.device
+        self.perm = _cpu_bs._morton(self.src.double()).argsort(dim=1, stable=True)
+        self.inv = torch.empty_like(self.perm).scatter_(1, self.perm, torch.arange(N, device=dev).expand(B, N))
+        self.pts = self.src.gather(1, self.perm[..., None].expand(B, N, D)).contiguous()
+        self.nblk = -(-N // BLOCK)
+        idx = torch.arange(self.nblk * BLOCK, device=dev).clamp_max_(N - 1)
+        self.pts64 = self.pts[:, idx].double().view(B, self.nblk, BLOCK, D)
+        self.lo = self.pts64.amin(2)
+        self.hi = self.pts64.amax(2)
+        self.sizes = (N - torch.arange(self.nblk, device=dev) * BLOCK).clamp_max(BLOCK).double()
+
+
+def _order(t: torch.Tensor) -> _Order:
+    key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device))
+    with _lock:
+        hit = _cache.get(key)
+    if hit is not None and torch.equal(hit.src, t.detach()):
+        with _lock:
+            _cache.move_to_end(key)
+        return hit
+    entry = _Order(t)
+    with _lock:
+        _cache[key] = entry
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return entry
+
+
+# ------------------------------------------------------------------------------------------- pruning
+def _col_stats(oy: _Order, hs: torch.Tensor, p: int):
+    """Per column block: lse (B, ncb); at p = 2 also top (B, ncb), beta (B, ncb, d) and the box centres
+    (B, ncb, d) of the linear-trend bound; float64."""
+    B, ncb, _, d = oy.pts64.shape
+    m = hs.shape[1]
+    hb = torch.full((B, ncb * BLOCK), -math.inf, dtype=torch.float64, device=hs.device)
+    hb[:, :m] = hs.double()
+    hb = hb.view(B, ncb, BLOCK)
+    lse = torch.logsumexp(hb, -1)
+    if p != 2:
+        return lse, None, None, None
+    centre = 0.5 * (oy.lo + oy.hi)
+    yr = oy.pts64 - centre[:, :, None, :]                                   # (B, ncb, BLOCK, d)
+    fin = torch.isfinite(hb)
+    cnt = fin.sum(-1, keepdim=True).clamp_min(1)
+    hf = torch.where(fin, hb, 0.0)
+    yf = yr * fin[..., None]
+    yc = (yr - yf.sum(2, keepdim=True) / cnt[..., None]) * fin[..., None]
+    hc = (hf - hf.sum(-1, keepdim=True) / cnt) * fin
+    gram = yc.transpose(-1, -2) @ yc
+    ridge = 1e-12 * gram.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(1e-300)
+    eye = torch.eye(d, dtype=torch.float64, device=hs.device)
+    beta = torch.linalg.solve(gram + ridge[..., None, None] * eye, yc.transpose(-1, -2) @ hc[..., None])[..., 0]
+    beta = torch.where(torch.isfinite(beta).all(-1, keepdim=True), beta, 0.0)
+    top = (hb - (yr @ beta[..., None])[..., 0]).amax(-1) + fin.sum(-1).double().log()
+    return lse, top, beta, centre
+
+
+def _cost(sq: torch.Tensor, p: int) -> torch.Tensor:
+    return sq.sqrt() if p == 1 else 0.5 * sq
+
+
+def _keep_chunk(lo, hi, oy: _Order, stats, b: int, eps: float, p: int, slack: float) -> torch.Tensor:
+    """(C, ncb) bool: the column blocks the bounds cannot drop for the row blocks with boxes lo, hi (C, d) of
+    problem b."""
+    lse, top, beta, centre = stats
+    a, e = lo[:, None, :], hi[:, None, :]                                     # row boxes (C, 1, d)
+    c, f = oy.lo[b][None], oy.hi[b][None]                                     # column boxes (1, ncb, d)
+    gap = torch.maximum(c - e, a - f).clamp_min(0)
+    far = torch.maximum((f - a).abs(), (e - c).abs())
+    cmin, cmax = _cost((gap * gap).sum(-1), p), _cost((far * far).sum(-1), p)
+    lower = (lse[b][None] - cmax / eps).amax(-1, keepdim=True)               # L_I (C, 1)
+    upper = lse[b][None] - cmin / eps
+    if top is not None:  # p = 2: the linear-trend bound
+        trend = top[b][None] + trend_max(a, e, c, f, beta[b][None], centre[b][None], eps).sum(-1)
+        upper = torch.minimum(upper, trend)
+    return upper >= lower + slack
+
+
+def trend_max(a, e, c, f, beta, mid, eps):
+    """max over x in [a, e], y in [c, f] of beta (y - mid) - (x - y)^2 / (2 eps), elementwise (broadcast): the
+    best x is the point of [a, e] nearest y, and the resulting function of y is concave with its unconstrained
+    maximum at e + beta eps (beta > 0), a + beta eps (beta < 0) or anywhere in [a, e] (beta = 0); clamped to
+    [c, f]."""
+    inside = torch.minimum(torch.maximum(mid, a), e)
+    free = torch.where(beta > 0, e + beta * eps, torch.where(beta < 0, a + beta * eps, inside))
+    ys = torch.minimum(torch.maximum(free, c), f)
+    dist = (a - ys).clamp_min(0) + (ys - e).clamp_min(0)                      # from ys to [a, e]
+    return beta * (ys - mid) - dist * dist / (2 * eps)
+
+
+def block_pairs(ox: _Order, oy: _Order, hs: torch.Tensor, eps: float, p: int):
+    """(offs (B nrb + 1,) int64, cblk (K,) int64, kept fraction of the N M pairs): the column blocks of every
+    row block that the bounds of the module docstring cannot drop. ``hs`` (B, M) the log-weights in the
+    sorted column order."""
+    B, nrb = ox.lo.shape[:2]
+    ncb = oy.lo.shape[1]
+    n, m = ox.pts.shape[1], oy.pts.shape[1]
+    stats = _col_stats(oy, hs, p)
+    slack = math.log(_cpu_bs.THRESHOLD) - math.log(ncb)
+    step = max(1, _CHUNK // (ncb * ox.lo.shape[-1]))
+    counts, blocks = [], []
+    kept = torch.zeros((), dtype=torch.float64, device=hs.device)
+    for b in range(B):
+        for i0 in range(0, nrb, step):
+            keep = _keep_chunk(ox.lo[b, i0:i0 + step], ox.hi[b, i0:i0 + step], oy, stats, b, eps, p, slack)
+            counts.append(keep.sum(-1))
+            blocks.append(keep.nonzero()[:, 1])
+            kept += ((keep.double() @ oy.sizes) * ox.sizes[i0:i0 + step]).sum()
+    offs = torch.zeros(B * nrb + 1, dtype=torch.int64, device=hs.device)
+    torch.cumsum(torch.cat(counts), 0, out=offs[1:])
+    return offs, torch.cat(blocks), float(kept) / max(B * n * m, 1)
+
+
+# -------------------------------------------------------------------------------------------- passes
+def _batched(B, *ts):
+    return tuple(t if B is not None else t.unsqueeze(0) for t in ts)
+
+
+def _setup(x, y, h, eps, p):
+    """(ox, oy, hs2, offs, cblk, prm) for a block-sparse pass on (B, ...) operands, or None when the dense
+    Triton pass runs (see the module docstring)."""
+    B, n, d = x.shape
+    m = y.shape[1]
+    if (x.dtype not in (torch.float32, torch.float64) or not 1 <= d <= 3 or B == 0 or n == 0 or m == 0
+            or n * m < _cpu_bs.MIN_PAIRS):
+        return None
+    ox, oy = _order(x), _order(y)
+    hs = h.detach().gather(1, oy.perm)
+    offs, cblk, frac = block_pairs(ox, oy, hs, eps, p)
+    _cpu_bs._last_kept = frac
+    if frac > _cpu_bs.DENSE_FRACTION:
+        return None
+    prm = torch.empty(2, dtype=x.dtype, device=x.device)
+    prm[0].fill_(_LOG2E / eps)
+    prm[1].fill_(eps * _LN2)
+    hs2 = (hs.to(x.dtype) * _LOG2E).contiguous()
+    return ox, oy, hs2, offs, cblk, prm
+
+
+def _launch(kernel, setup, out, p, block_n, block_m, **const):
+    ox, oy, hs2, offs, cblk, prm = setup
+    B, n, d = ox.pts.shape
+    nrb = ox.nblk
+    kernel[(B * nrb * (BLOCK // block_n),)](ox.pts, oy.pts, hs2, offs, cblk, prm, out, n, oy.pts.shape[1], nrb,
+                                            D=d, P=p, BLOCK=BLOCK, BLOCK_N=block_n, BLOCK_M=block_m, **const)
+
+
+def _unsort(out_sorted: torch.Tensor, ox: _Order) -> torch.Tensor:
+    inv = ox.inv if out_sorted.dim() == 2 else ox.inv[..., None].expand_as(out_sorted)
+    return out_sorted.gather(1, inv)
+
+
+def _check(x, y, h, p):
+    B = check_operands(x, y, h, p, allow_empty=True, allow_batch=True)
+    if not 0 < _cpu_bs.THRESHOLD <= 1e-3:
+        raise ValueError(f"blocksparse.THRESHOLD (SROT_BLOCKSPARSE_THRESHOLD) must be in (0, 1e-3], got "
+                         f"{_cpu_bs.THRESHOLD}")
+    return B
+
+
+def softmin(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int, **options) -> torch.Tensor:
+    r"""(N,) | (B, N) soft-min ``out_i = -eps * log sum_j exp(h_j - C(x_i, y_j) / eps)``, within eps * THRESHOLD
+    of the dense value; ``+inf`` if all ``h = -inf``. ``options``: the dense Triton kernels' (``precision``,
+    ``autotune``), used where the dense pass runs."""
+    B = _check(x, y, h, p)
+    xb, yb, hb = _batched(B, x, y, h)
+    setup = _setup(xb, yb, hb, eps, p)
+    if setup is None:
+        return _dense.softmin(x, y, h, eps, p, **options)
+    out = torch.empty(xb.shape[:2], dtype=x.dtype, device=x.device)
+    _launch(_bs_softmin_kernel, setup, out, p, 32, 64)
+    out = _unsort(out, setup[0])
+    return out if B is not None else out[0]
+
+
+def weighted_mean(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int, phi: str = "y",
+                  **options) -> torch.Tensor:
+    r"""(N, D) | (B, N, D) mean of phi(x_i, y_j) under w_ij = softmax_j(h_j - C_ij / eps) (truncation bound:
+    :mod:`srot_fast.kernels.blocksparse`). ``phi="y"``: y_j. ``phi="grad"``: (x_i - y_j) / |x_i - y_j| (p = 1,
+    0 where x_i = y_j) or x_i - y_j (p = 2)."""
+    B = _check(x, y, h, p)
+    if phi not in ("y", "grad"):
+        raise ValueError(f"phi must be 'y' or 'grad', got {phi!r}")
+    xb, yb, hb = _batched(B, x, y, h)
+    setup = _setup(xb, yb, hb, eps, p)
+    if setup is None:
+        return _dense.weighted_mean(x, y, h, eps, p, phi, **options)
+    out = torch.empty(xb.shape, dtype=x.dtype, device=x.device)
+    unit = phi == "grad" and p == 1
+    _launch(_bs_wmean_kernel, setup, out, p, 16, 32, UNIT=unit, BLOCK_D=max(2, triton.next_power_of_2(x.shape[-1])))
+    out = _unsort(out, setup[0])
+    if phi == "grad" and p == 2:
+        out = xb.detach() - out
+    return out if B is not None else out[0]
+
+
+def plan_argmax(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int, **options) -> torch.Tensor:
+    """(N,) | (B, N) int64 index of the largest plan entry per row, argmax_j (h_j - C_ij / eps) (exact; one of
+    the maximal indices on exact ties)."""
+    B = _check(x, y, h, p)
+    if y.shape[-2] == 0:
+        raise ValueError("plan_argmax needs at least one column (M >= 1)")
+    xb, yb, hb = _batched(B, x, y, h)
+    setup = _setup(xb, yb, hb, eps, p)
+    if setup is None:
+        return _dense.plan_argmax(x, y, h, eps, p, **options)
+    arg = torch.empty(xb.shape[:2], dtype=torch.int64, device=x.device)
+    _launch(_bs_argmax_kernel, setup, arg, p, 32, 64)
+    idx = setup[1].perm.gather(1, arg.clamp_min(0)).masked_fill_(arg < 0, 0)  # no finite logit: 0
+    out = _unsort(idx, setup[0])
+    return out if B is not None else out[0]
+
+
+def max_cost(x: torch.Tensor, y: torch.Tensor, p: int, **options) -> torch.Tensor:
+    """() | (B,) largest ground cost max_ij C(x_i, y_j) per problem (the dense Triton pass: once per solve)."""
+    return _dense.max_cost(x, y, p, **options)

@@ -1,0 +1,138 @@
+"""The ``@triton.jit`` kernels of the block-sparse Triton backend (:mod:`.blocksparse`): softmin, weighted mean
+and plan argmax over the kept column blocks of each row block.
+
+Points are sorted (Morton order) and cut into blocks of ``BLOCK`` consecutive points; the pruning gives, for
+row block I of problem b, the kept column blocks ``cblk[offs[b nrb + I] : offs[b nrb + I + 1]]`` (CSR). One
+program owns ``BLOCK_N`` rows of one row block (``BLOCK / BLOCK_N`` programs per row block) and streams the
+columns of each kept column block in sub-tiles of ``BLOCK_M``, with the online log-sum-exp of the dense
+kernels (base 2: the launcher passes h log2(e) and prm = [log2(e) / eps, eps ln 2]). Small-d difference form
+(D <= 3), row-major points; the accumulators are in the compute dtype (float32, or float64 for float64
+points), the dtype of ``prm``."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .tiles import _cost_scale, _load_points, _logits_tile, _lse_step, _sq_dist_tile, _up
+
+
+@triton.jit
+def _sparse_rows(N, nrb, BLOCK: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(problem b, CSR row index b nrb + I, (BLOCK_N,) int64 rows, rows < N) of this program."""
+    pid = tl.program_id(0)
+    per = BLOCK // BLOCK_N
+    rb = pid // per  # b * nrb + I
+    sub = pid - rb * per
+    b = rb // nrb
+    rows = (rb - b * nrb) * BLOCK + sub * BLOCK_N + tl.arange(0, BLOCK_N)
+    return b.to(tl.int64), rb, rows.to(tl.int64), rows < N
+
+
+@triton.jit
+def _bs_softmin_kernel(
+    x_ptr,  # (B, N, D) sorted row points, contiguous
+    y_ptr,  # (B, M, D) sorted column points, contiguous
+    h_ptr,  # (B, M) sorted column log-weights times log2(e), contiguous
+    offs_ptr,  # (B nrb + 1,) int64 CSR offsets
+    cblk_ptr,  # (K,) int64 kept column blocks
+    prm_ptr,  # (2,) [log2(e) / eps, eps ln 2] in the compute dtype
+    out_ptr,  # (B, N) output in the sorted row order: -eps * LSE_j[h_j - C_ij / eps]
+    N, M, nrb,
+    D: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    b, rb, rows, rmask = _sparse_rows(N, nrb, BLOCK, BLOCK_N)
+    x_ptr += b * N * D
+    y_ptr += b * M * D
+    h_ptr += b * M
+    cscale = _cost_scale(prm_ptr, P)
+    eps_ln2 = tl.load(prm_ptr + 1)
+    m_i = tl.full((BLOCK_N,), float("-inf"), dtype=prm_ptr.dtype.element_ty)
+    s_i = tl.zeros((BLOCK_N,), dtype=prm_ptr.dtype.element_ty)
+    k0 = tl.load(offs_ptr + rb)
+    k1 = tl.load(offs_ptr + rb + 1)
+    for k in range(k0, k1):
+        j0 = tl.load(cblk_ptr + k) * BLOCK
+        for t in tl.static_range(BLOCK // BLOCK_M):
+            cols = j0 + t * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+            cmask = cols < M
+            sq = _sq_dist_tile(x_ptr, y_ptr, rows, rmask, cols, cmask, D, D, D, BLOCK_N, BLOCK_M)
+            logit = _logits_tile(sq, h_ptr, cols, cmask, cscale, P)
+            m_i, alpha, w = _lse_step(m_i, logit, 1)
+            s_i = s_i * alpha + tl.sum(w, 1)
+    out = tl.where(s_i > 0, -eps_ln2 * (m_i + tl.log2(tl.where(s_i > 0, s_i, 1.0))), float("inf"))
+    tl.store(out_ptr + b * N + rows, out, mask=rmask)
+
+
+@triton.jit
+def _bs_wmean_kernel(
+    x_ptr, y_ptr, h_ptr, offs_ptr, cblk_ptr, prm_ptr,  # as _bs_softmin_kernel
+    out_ptr,  # (B, N, D) output in the sorted row order
+    N, M, nrb,
+    D: tl.constexpr, P: tl.constexpr,
+    UNIT: tl.constexpr,  # True: phi = (x - y) / |x - y| (0 at x = y); False: phi = y
+    BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,  # power of two >= D
+):
+    b, rb, rows, rmask = _sparse_rows(N, nrb, BLOCK, BLOCK_N)
+    x_ptr += b * N * D
+    y_ptr += b * M * D
+    h_ptr += b * M
+    dims = tl.arange(0, BLOCK_D)
+    dmask = dims < D
+    cscale = _cost_scale(prm_ptr, P)
+    x_t = _up(_load_points(x_ptr, rows, rmask, dims, dmask, D))  # (BLOCK_N, BLOCK_D)
+    m_i = tl.full((BLOCK_N,), float("-inf"), dtype=prm_ptr.dtype.element_ty)
+    s_i = tl.zeros((BLOCK_N,), dtype=prm_ptr.dtype.element_ty)
+    acc = tl.zeros((BLOCK_N, BLOCK_D), dtype=prm_ptr.dtype.element_ty)
+    k0 = tl.load(offs_ptr + rb)
+    k1 = tl.load(offs_ptr + rb + 1)
+    for k in range(k0, k1):
+        j0 = tl.load(cblk_ptr + k) * BLOCK
+        for t in tl.static_range(BLOCK // BLOCK_M):
+            cols = j0 + t * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+            cmask = cols < M
+            sq = _sq_dist_tile(x_ptr, y_ptr, rows, rmask, cols, cmask, D, D, D, BLOCK_N, BLOCK_M)
+            logit = _logits_tile(sq, h_ptr, cols, cmask, cscale, P)
+            m_i, alpha, w = _lse_step(m_i, logit, 1)
+            s_i = s_i * alpha + tl.sum(w, 1)
+            y_t = _up(_load_points(y_ptr, cols, cmask, dims, dmask, D))  # (BLOCK_M, BLOCK_D)
+            if UNIT:
+                w = tl.where(sq > 0, w / tl.sqrt(tl.where(sq > 0, sq, 1.0)), 0.0)
+                contrib = tl.sum(w[:, :, None] * (x_t[:, None, :] - y_t[None, :, :]), 1)
+            else:
+                contrib = tl.sum(w[:, :, None] * y_t[None, :, :], 1)
+            acc = acc * alpha[:, None] + contrib
+    out = acc / s_i[:, None]
+    tl.store(out_ptr + b * N * D + rows[:, None] * D + dims[None, :], out, mask=rmask[:, None] & dmask[None, :])
+
+
+@triton.jit
+def _bs_argmax_kernel(
+    x_ptr, y_ptr, h_ptr, offs_ptr, cblk_ptr, prm_ptr,  # as _bs_softmin_kernel
+    out_ptr,  # (B, N) int64 output in the sorted row order: sorted column index, -1 where no logit is finite
+    N, M, nrb,
+    D: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    b, rb, rows, rmask = _sparse_rows(N, nrb, BLOCK, BLOCK_N)
+    x_ptr += b * N * D
+    y_ptr += b * M * D
+    h_ptr += b * M
+    cscale = _cost_scale(prm_ptr, P)
+    best = tl.full((BLOCK_N,), float("-inf"), dtype=prm_ptr.dtype.element_ty)
+    arg = tl.full((BLOCK_N,), -1, dtype=tl.int64)
+    k0 = tl.load(offs_ptr + rb)
+    k1 = tl.load(offs_ptr + rb + 1)
+    for k in range(k0, k1):
+        j0 = tl.load(cblk_ptr + k) * BLOCK
+        for t in tl.static_range(BLOCK // BLOCK_M):
+            cols = j0 + t * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+            cmask = cols < M
+            sq = _sq_dist_tile(x_ptr, y_ptr, rows, rmask, cols, cmask, D, D, D, BLOCK_N, BLOCK_M)
+            logit = _logits_tile(sq, h_ptr, cols, cmask, cscale, P)
+            t_max = tl.max(logit, 1)
+            t_arg = tl.argmax(logit, 1, tie_break_left=True).to(tl.int64) + j0 + t * BLOCK_M
+            upd = t_max > best
+            arg = tl.where(upd, t_arg, arg)
+            best = tl.where(upd, t_max, best)
+    tl.store(out_ptr + b * N + rows, arg, mask=rmask)

@@ -1,0 +1,165 @@
+"""The block-sparse Triton kernels (kernels/triton/blocksparse.py) against the dense paths, in float64.
+
+Under ``TRITON_INTERPRET=1`` on CPU (or on a GPU). Same bounds and tolerances as tests/test_blocksparse.py
+(its module docstring): primitives within the truncation bound plus 1e-12 of the cost scale, solves within
+atol = rtol = 1e-9 of the dense ``cpu`` backend at the same fixed number of updates. Pruning is forced on these
+small problems (``MIN_PAIRS = 0``, ``DENSE_FRACTION = 2``); the interpreter is slow, so the problems are a few
+hundred points of well separated clusters, where whole block pairs can be dropped.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from srot_fast.kernels import blocksparse as bs
+from srot_fast.kernels import cpu_ops
+from test_blocksparse import CONFIGS, HARD, _check_primitives, _hard, _solve
+
+from srot_fast import backends
+
+triton = pytest.importorskip("triton")
+tbs = pytest.importorskip("srot_fast.kernels.triton.blocksparse")
+
+DT = torch.float64
+pytestmark = [
+    pytest.mark.triton,
+    pytest.mark.filterwarnings("ignore:Sinkhorn stopped at max_iter"),
+]
+
+
+@pytest.fixture(autouse=True)
+def _force_sparse(monkeypatch):
+    """Prune small problems; record the kept fraction of every pass."""
+    monkeypatch.setattr(bs, "MIN_PAIRS", 0)
+    monkeypatch.setattr(bs, "DENSE_FRACTION", 2.0)
+    kept = []
+    real = tbs.block_pairs
+
+    def spy(*args):
+        out = real(*args)
+        kept.append(out[2])
+        return out
+
+    monkeypatch.setattr(tbs, "block_pairs", spy)
+    tbs.clear_cache()
+    yield kept
+    tbs.clear_cache()
+
+
+def _islands(n, d, g, shift=0.0):
+    """(n, d) points in n / 64 tight clusters of 64 (spread 0.05) on a line, 3 apart: after the Morton sort each
+    64-point block is one cluster, so block pairs of different clusters can be dropped at a few hundred points."""
+    k = n // 64
+    centres = 3.0 * torch.arange(k, dtype=DT)[:, None] * torch.ones(d, dtype=DT)
+    return centres[torch.arange(n) * k // n] + 0.05 * torch.randn(n, d, generator=g, dtype=DT) + shift
+
+
+@pytest.mark.parametrize("d", [1, 2, 3])
+@pytest.mark.parametrize("p", [1, 2])
+def test_primitives_match_dense(d, p, _force_sparse):
+    g = torch.Generator().manual_seed(10 * d + p)
+    x, y = _islands(320, d, g), _islands(256, d, g, shift=0.02)
+    y[5] = x[7]  # a coincident pair: the p = 1 kink
+    h = -math.log(256) + 0.5 * torch.randn(256, generator=g, dtype=DT)
+    h[::13] = -math.inf
+    _check_primitives(x, y, h, 0.05**p, p, ops=tbs)
+    assert min(_force_sparse) < 0.5
+
+
+def test_potential_like_weights(_force_sparse):
+    """h = log b + g / eps with a potential varying by thousands of nats (p = 2 at small eps, where the linear
+    trend bound enters): values within the bound."""
+    g = torch.Generator().manual_seed(3)
+    x, y = _islands(320, 2, g), _islands(256, 2, g, shift=0.02)
+    eps = 0.02**2
+    pot = -0.4 * ((y - 4.5) ** 2).sum(-1) + 0.3 * y[:, 0] + 0.01 * torch.randn(256, generator=g, dtype=DT)
+    h = -math.log(256) + pot / eps
+    _check_primitives(x, y, h, eps, 2, ops=tbs)
+    assert min(_force_sparse) < 0.9
+
+
+def test_trend_max_closed_form():
+    """The per-coordinate maximum of the p = 2 trend bound equals a brute-force maximum over a grid of the two
+    intervals (never below it: the bound must hold), for random intervals, slopes (zero included) and eps."""
+    g = torch.Generator().manual_seed(5)
+    k = 400
+    a, c = torch.randn(k, generator=g, dtype=DT), torch.randn(k, generator=g, dtype=DT)
+    e, f = a + torch.rand(k, generator=g, dtype=DT), c + torch.rand(k, generator=g, dtype=DT)
+    beta = torch.randn(k, generator=g, dtype=DT) * 10
+    beta[::10] = 0.0
+    mid = 0.5 * (c + f)
+    eps = torch.rand(k, generator=g, dtype=DT) * 0.5 + 0.01
+    got = tbs.trend_max(a, e, c, f, beta, mid, eps)
+    s = torch.linspace(0, 1, 401, dtype=DT)
+    xs = a[:, None] + (e - a)[:, None] * s                                    # (k, 401)
+    ys = c[:, None] + (f - c)[:, None] * s
+    vals = beta[:, None, None] * (ys[:, None, :] - mid[:, None, None]) - (xs[:, :, None] - ys[:, None, :]) ** 2 / (
+        2 * eps[:, None, None])
+    brute = vals.flatten(1).amax(1)
+    assert (got >= brute - 1e-12).all()
+    assert ((got - brute) <= 1e-3 * (1 + brute.abs())).all()
+
+
+def test_float32_and_batch(_force_sparse):
+    """A batch of 2 problems (one with a masked row of h) equals the problems one by one; float32 within its
+    rounding of the float64 result."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.stack([_islands(256, 2, g), _islands(256, 2, g, shift=0.5)])
+    y = torch.stack([_islands(192, 2, g, shift=0.01), _islands(192, 2, g)])
+    h = -math.log(192) + 0.3 * torch.randn(2, 192, generator=g, dtype=DT)
+    h[1, :] = -math.inf
+    eps = 0.03**2
+    out = tbs.softmin(x, y, h, eps, 2)
+    wm = tbs.weighted_mean(x, y, h, eps, 2, "grad")
+    arg = tbs.plan_argmax(x, y, h, eps, 2)
+    assert torch.isposinf(out[1]).all() and wm[1].isnan().all() and (arg[1] == 0).all()
+    torch.testing.assert_close(out[0], tbs.softmin(x[0], y[0], h[0], eps, 2), rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(wm[0], tbs.weighted_mean(x[0], y[0], h[0], eps, 2, "grad"), rtol=1e-13, atol=1e-13)
+    assert torch.equal(arg[0], tbs.plan_argmax(x[0], y[0], h[0], eps, 2))
+    out32 = tbs.softmin(x[0].float(), y[0].float(), h[0].float(), eps, 2)
+    torch.testing.assert_close(out32.double(), out[0], rtol=1e-5, atol=1e-5)
+    assert min(_force_sparse) < 0.9
+
+
+@pytest.mark.parametrize("case", HARD)
+def test_hard_case_primitives(case):
+    """One cell, far apart clouds, duplicates, unequal densities, masked regions; a small blur and one larger
+    than the data."""
+    x, y, h = _hard(case, torch.Generator().manual_seed(HARD.index(case)))
+    x, y, h = x[:300], y[:260], h[:260]
+    for eps in (0.02**2, 1e3):
+        _check_primitives(x, y, h, eps, 2, ops=tbs)
+
+
+@pytest.mark.skipif(not cpu_ops.available(), reason="the reference solve needs the compiled cpu kernel")
+@pytest.mark.parametrize("cfg,p", [("kl_soft", 2), ("partial_soft", 1)])
+def test_solve_matches_dense(cfg, p, monkeypatch, _force_sparse):
+    """A solve on 'blocksparse' with the Triton kernels (what CUDA tensors get) equals the dense 'cpu' backend:
+    values, potentials, masses, gradients."""
+    g = torch.Generator().manual_seed(20 + p)
+    x, y = _islands(256, 2, g), _islands(192, 2, g, shift=0.02)
+    a = torch.rand(256, generator=g, dtype=DT) + 0.5
+    b = torch.rand(192, generator=g, dtype=DT) + 0.5
+    s_x = torch.rand(256, generator=g, dtype=DT) * 0.98 + 0.01
+    s_y = torch.rand(192, generator=g, dtype=DT) * 0.98 + 0.01
+    data = (x, y, a / a.sum(), b / b.sum(), s_x, s_y)
+    ref_res, ref_grads = _solve("cpu", CONFIGS[cfg], p, data, 12)
+    monkeypatch.setattr(bs, "_on_gpu", lambda t: tbs)  # CPU tensors through the CUDA path's kernels
+    _force_sparse.clear()
+    res, grads = _solve("blocksparse", CONFIGS[cfg], p, data, 12)
+    assert res.n_iter == ref_res.n_iter
+    for name in ("value", "f", "g", "row_mass", "col_mass"):
+        torch.testing.assert_close(getattr(res, name).detach(), getattr(ref_res, name).detach(), atol=1e-9,
+                                   rtol=1e-9, msg=name)
+    for name, got, want in zip("xyab", grads, ref_grads):
+        torch.testing.assert_close(got, want, atol=1e-9, rtol=1e-9, msg=f"d value / d {name}")
+    assert _force_sparse and min(_force_sparse) < 0.6
+
+
+def test_cuda_tensors_may_take_blocksparse():
+    """backend='blocksparse' is accepted for CUDA tensors (the Triton kernels); 'cpu' is not."""
+    cuda = torch.device("cuda")
+    assert backends.resolve_backend("blocksparse", 10**4, 10**4, cuda) == "blocksparse"
+    with pytest.raises(ValueError, match="backend='cpu' needs CPU tensors"):
+        backends.resolve_backend("cpu", 10**4, 10**4, cuda)
