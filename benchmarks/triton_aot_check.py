@@ -1,6 +1,7 @@
 """Compile every Triton kernel configuration for a GPU target without a GPU (sm_90 = H100 / H200 by default).
 
-What this checks, on a CPU-only machine: that each kernel of ``kernels/triton/kernels.py`` compiles through
+What this checks, on a CPU-only machine: that each kernel of ``kernels/triton/kernels.py`` and
+``kernels/triton/sparse_kernels.py`` (block-sparse) compiles through
 the real Triton pipeline (TTIR -> TTGIR -> LLVM -> PTX -> cubin with the ptxas shipped in the triton wheel)
 for every block configuration the launchers and the autotuner can pick and every (D, p, dtype) the tests use
 (float32, float64, and bfloat16 / float16 points with float32 ``h`` and outputs), every tl.dot precision
@@ -41,6 +42,7 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 import triton  # noqa: E402
 from srot_fast.kernels.triton import autotune as A  # noqa: E402
 from srot_fast.kernels.triton import kernels as K  # noqa: E402
+from srot_fast.kernels.triton import sparse_kernels as S  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
@@ -50,7 +52,8 @@ CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
 
 # runtime arguments that are neither pointers to the compute dtype nor int32 (see the launchers)
 _FLOAT_ARGS = {"coinc": "fp32"}  # a Python float: Triton types it float32
-_PTR_DTYPES = {("_plan_argmax_fwd_kernel", "out_ptr"): "i64"}  # int64 indices
+_PTR_DTYPES = {("_plan_argmax_fwd_kernel", "out_ptr"): "i64", ("_bs_argmax_kernel", "out_ptr"): "i64"}  # indices
+_INDEX_PTRS = {"offs_ptr", "cblk_ptr"}  # the block-sparse kernels' CSR lists: int64
 _POINT_PTRS = {"x_ptr", "y_ptr", "xt_ptr", "yt_ptr"}  # the points: in their own dtype (half stays half)
 _COMPUTE = {"bf16": "fp32", "fp16": "fp32", "fp32": "fp32", "fp64": "fp64"}  # h, prm, norms, outputs
 _SASS_OPS = ("MUFU.EX2", "MUFU.LG2", "MUFU.RSQ", "MUFU.SQRT", "FFMA", "FMUL", "FADD", "FMNMX", "FSETP", "FSEL",
@@ -58,12 +61,13 @@ _SASS_OPS = ("MUFU.EX2", "MUFU.LG2", "MUFU.RSQ", "MUFU.SQRT", "FFMA", "FMUL", "F
 
 
 def _sig(name: str, dtype: str, const: dict) -> dict:
-    """Triton signature of kernel ``name`` of :mod:`srot_fast.kernels.triton.kernels`, read from its definition:
+    """Triton signature of kernel ``name`` (:mod:`srot_fast.kernels.triton.kernels` or ``.sparse_kernels``), read
+    from its definition:
     the point arguments (``_POINT_PTRS``) are pointers to ``dtype``, other ``*_ptr`` arguments pointers to its
     compute dtype (float32 for half points; except ``_PTR_DTYPES``), ``_FLOAT_ARGS`` scalars, other runtime
     arguments int32, the ``tl.constexpr`` parameters "constexpr". ValueError unless ``const`` gives exactly
     the kernel's constexpr parameters."""
-    fn = getattr(K, name)
+    fn = _kernel(name)
     names = list(inspect.signature(fn.fn).parameters)
     if names != list(fn.arg_names):
         raise ValueError(f"{name}: signature {names} differs from the JITFunction's arg_names {fn.arg_names}")
@@ -75,7 +79,8 @@ def _sig(name: str, dtype: str, const: dict) -> dict:
         if n in consts:
             sig[n] = "constexpr"
         elif n.endswith("_ptr"):
-            sig[n] = "*" + _PTR_DTYPES.get((name, n), dtype if n in _POINT_PTRS else _COMPUTE[dtype])
+            sig[n] = "*i64" if n in _INDEX_PTRS else "*" + _PTR_DTYPES.get(
+                (name, n), dtype if n in _POINT_PTRS else _COMPUTE[dtype])
         else:
             sig[n] = _FLOAT_ARGS.get(n, "i32")
     return sig
@@ -95,7 +100,7 @@ def _compile(job):
     points = next(sig[n] for n in ("x_ptr", "xt_ptr") if n in sig)
     row = dict(kernel=name, points=points.lstrip("*"), const=const, num_warps=warps, num_stages=stages)
     try:
-        src = ASTSource(fn=getattr(K, name), signature=sig, constexprs=const)
+        src = ASTSource(fn=_kernel(name), signature=sig, constexprs=const)
         kern = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                               options=dict(num_warps=warps, num_stages=stages))
         row["shared_bytes"] = kern.metadata.shared
@@ -216,7 +221,22 @@ def jobs(quick: bool, arch: int) -> list:
                     dict(D=d, P=p, DOT=dot, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk), 4, 3, half=half)
             add("_max_sq_fwd_kernel", dt,
                 dict(D=d, DOT=dot, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk), 4, 3, half=half)
+    # block-sparse kernels at the launchers' blocks (rows of 64-point blocks in 32s / 16s)
+    for dt in ("fp32", "fp64"):
+        for d in (2,) if quick else (1, 2, 3):
+            for p in (1, 2):
+                blocks = dict(BLOCK=64, BLOCK_N=32, BLOCK_M=64)
+                add("_bs_softmin_kernel", dt, dict(D=d, P=p, **blocks), 4, 3)
+                add("_bs_argmax_kernel", dt, dict(D=d, P=p, **blocks), 4, 3)
+                for unit in (p == 1, False) if p == 1 else (False,):
+                    add("_bs_wmean_kernel", dt, dict(D=d, P=p, UNIT=unit, BLOCK=64, BLOCK_N=16, BLOCK_M=32,
+                                                     BLOCK_D=max(2, triton.next_power_of_2(d))), 4, 3)
     return out
+
+
+def _kernel(name: str):
+    """The JITFunction ``name`` of the dense or the block-sparse kernel module."""
+    return getattr(K, name) if hasattr(K, name) else getattr(S, name)
 
 
 def smoke(todo: list) -> list:
