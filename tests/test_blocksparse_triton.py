@@ -14,7 +14,7 @@ import pytest
 import torch
 from srot_fast.kernels import blocksparse as bs
 from srot_fast.kernels import cpu_ops
-from test_blocksparse import CONFIGS, HARD, _check_primitives, _hard, _solve
+from test_blocksparse import CONFIGS, HARD, _check_primitives, _clusters, _hard, _solve
 
 from srot_fast import backends
 
@@ -33,6 +33,7 @@ def _force_sparse(monkeypatch):
     """Prune small problems; record the kept fraction of every pass."""
     monkeypatch.setattr(bs, "MIN_PAIRS", 0)
     monkeypatch.setattr(bs, "DENSE_FRACTION", 2.0)
+    monkeypatch.setattr(tbs, "SUPER", 2)  # super-blocks of 2 blocks: both pruning levels at these sizes
     kept = []
     real = tbs.block_pairs
 
@@ -130,6 +131,39 @@ def test_hard_case_primitives(case):
     x, y, h = x[:300], y[:260], h[:260]
     for eps in (0.02**2, 1e3):
         _check_primitives(x, y, h, eps, 2, ops=tbs)
+
+
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("super_", [1, 2, 4])
+def test_block_pairs_guarantee(p, super_, monkeypatch):
+    """The pruning alone (torch, no kernel): in every row the terms of the dropped block pairs sum to at most
+    THRESHOLD of the row's sum, at a loose THRESHOLD (1e-3) and weights with a linear trend (the p = 2 trend
+    bound), for super-blocks of 1, 2 and 4 blocks; the CSR lists each row block's kept column blocks once, in
+    increasing order, and the kept fraction is the mask's."""
+    monkeypatch.setattr(bs, "THRESHOLD", 1e-3)
+    monkeypatch.setattr(tbs, "SUPER", super_)
+    monkeypatch.setattr(bs, "DENSE_FRACTION", 2.0)
+    g = torch.Generator().manual_seed(7 + p)
+    x, y = _clusters(1500, 2, g), _clusters(1300, 2, g, 0.2)
+    eps = 0.05**p
+    h = -math.log(1300) + 0.5 * torch.randn(1300, generator=g, dtype=DT) + 0.1 * y[:, 0] / eps
+    h[::11] = -math.inf
+    ox, oy = tbs._order(x[None]), tbs._order(y[None])
+    hs = h[None].gather(1, oy.perm)
+    offs, cblk, frac = tbs.block_pairs(ox, oy, hs, eps, p)
+    assert offs is not None and frac < 0.8
+    xs, ys = ox.pts[0], oy.pts[0]
+    logits = hs[0][None, :] - (torch.cdist(xs, ys) if p == 1 else 0.5 * torch.cdist(xs, ys) ** 2) / eps
+    kept = torch.zeros(ox.nblk, oy.nblk, dtype=torch.bool)
+    for i in range(ox.nblk):
+        row = cblk[offs[i]:offs[i + 1]]
+        assert torch.equal(row, row.unique())  # sorted, no repeats
+        kept[i, row] = True
+    mask = kept.repeat_interleave(tbs.BLOCK, 0)[:1500].repeat_interleave(tbs.BLOCK, 1)[:, :1300]
+    full = torch.logsumexp(logits, 1)
+    dropped = torch.logsumexp(logits.masked_fill(mask, -math.inf), 1)
+    assert (dropped - full <= math.log(1e-3) + 1e-9).all()
+    assert frac == pytest.approx(mask.double().mean().item(), rel=1e-12)
 
 
 @pytest.mark.skipif(not cpu_ops.available(), reason="the reference solve needs the compiled cpu kernel")

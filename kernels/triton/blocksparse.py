@@ -10,21 +10,25 @@ which calls it for CUDA tensors.
 Batches (B, N, D) / (B, M, D) / (B, M) are one launch per kernel.
 
 Algorithm. Each problem's points are sorted along the Morton curve of :mod:`srot_fast.kernels.blocksparse` and
-cut into blocks of ``BLOCK`` = 64 consecutive points with their bounding boxes (cached per point tensor, as
-there). The pruning runs in torch on the points' device, in float64, over all (row block I, column block J)
-pairs of a problem, in chunks of row blocks (memory O(chunk x column blocks)): with lse_J = LSE_{j in J} h_j
-and Cmin, Cmax the smallest / largest cost between the boxes,
+cut into blocks of ``BLOCK`` = 64 consecutive points, ``SUPER`` = 16 consecutive blocks forming a super-block,
+each with its bounding box (cached per point tensor, as there). The pruning runs in torch on the points'
+device, in float64. For a row group I and a column group J (blocks or super-blocks) with lse_J = LSE_{j in J}
+h_j and Cmin, Cmax the smallest / largest cost between the boxes,
 
     every row i of I:  LSE_j[h_j - C_ij / eps] >= L_I = max_J (lse_J - Cmax(I, J) / eps),
     LSE_{j in J}[h_j - C_ij / eps] <= U_IJ = lse_J - Cmin(I, J) / eps,
 
 and at p = 2 also U_IJ <= top_J + sum_k max_{x_k in I, y_k in J} [beta_Jk (y_k - c_Jk) - (x_k - y_k)^2 / (2 eps)]
 (beta_J the least-squares slope of h over J about its box centre c_J, top_J = max_j [h_j - beta_J . (y_j - c_J)]
-+ log |J|; a concave maximisation per coordinate, solved in closed form). J is dropped for I when
-U_IJ < L_I + log(THRESHOLD) - log(number of column blocks), so the dropped terms of a row weigh at most
-THRESHOLD of its sum: the bounds of :mod:`srot_fast.kernels.blocksparse` (its docstring has the guarantee
-of each primitive). The kept column blocks of each row block form a CSR list (int64 offsets and block
-indices, O(kept block pairs)); the kernels of :mod:`.sparse_kernels` stream each row block over them.
++ log |J|; a concave maximisation per coordinate, solved in closed form by :func:`trend_max`). First every
+super-block pair of a problem is tested (in chunks of row super-blocks): S is dropped for R when
+U_RS < L_R + log(THRESHOLD / 2) - log(number of column super-blocks). Then the block pairs inside the kept
+super-block pairs (in chunks): L_I is the maximum over those candidates (a subset of the columns, so still a
+lower bound) and J is dropped for I when U_IJ < L_I + log(THRESHOLD / 2) - log(number of column blocks). So
+the dropped terms of a row weigh at most THRESHOLD of its sum: the guarantee of
+:mod:`srot_fast.kernels.blocksparse` (its docstring has the bound of each primitive). The kept column blocks
+of each row block form a CSR list (int64 offsets and block indices, sorted; O(kept block pairs)); the kernels
+of :mod:`.sparse_kernels` stream each row block over them.
 
 When pruning does not pay: problems with N M below ``blocksparse.MIN_PAIRS``, d > 3, float16 / bfloat16
 points, or a pass that keeps more than ``blocksparse.DENSE_FRACTION`` of the pairs run the dense Triton
@@ -32,8 +36,8 @@ kernels instead (``THRESHOLD``, ``MIN_PAIRS`` and ``DENSE_FRACTION`` are read fr
 :mod:`srot_fast.kernels.blocksparse` at each call).
 
 Caution:
-    - The pruning tests every block pair of a problem: O((N / 64) (M / 64)) box tests per pass, in torch (no
-      super-block level as the C++ sweep has, no row bounds for wide blocks).
+    - The pruning costs O((N / 1024) (M / 1024)) super-block tests plus 256 block tests per kept super-block
+      pair, per pass, in torch; there are no row bounds for wide blocks (the C++ path's second sweep).
     - Outputs carry no autograd graph; an all ``-inf`` row of ``h`` gives ``+inf`` / NaN / 0 as the dense
       kernels do.
     - The coarse-to-fine start of :mod:`srot_fast._multiscale` runs on CPU tensors only.
@@ -55,7 +59,8 @@ from .sparse_kernels import _bs_argmax_kernel, _bs_softmin_kernel, _bs_wmean_ker
 __all__ = ["BLOCK", "softmin", "weighted_mean", "plan_argmax", "max_cost", "clear_cache", "block_pairs", "trend_max"]
 
 BLOCK = 64  # points per block: row blocks and column blocks
-_CHUNK = 1 << 22  # row blocks x column blocks x d float64 entries per pruning chunk
+SUPER = 16  # blocks per super-block (the first pruning level)
+_CHUNK = 1 << 22  # box pairs x d float64 entries per pruning chunk
 _CACHE_SIZE = 8
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
@@ -70,10 +75,24 @@ def clear_cache() -> None:
         _cache.clear()
 
 
+class _Groups:
+    """Groups of ``size`` consecutive sorted points (B, N, D): ``pts`` (B, ng, size, D) float64 (the last group
+    padded with the last point), boxes ``lo``, ``hi`` (B, ng, D) and ``sizes`` (ng,) float64 points per group."""
+
+    def __init__(self, pts: torch.Tensor, size: int):
+        B, N, D = pts.shape
+        ng = -(-N // size)
+        idx = torch.arange(ng * size, device=pts.device).clamp_max_(N - 1)
+        self.pts = pts[:, idx].double().view(B, ng, size, D)
+        self.lo, self.hi = self.pts.amin(2), self.pts.amax(2)
+        self.sizes = (N - torch.arange(ng, device=pts.device) * size).clamp_max(size).double()
+        self.size, self.n = size, ng
+
+
 class _Order:
     """Points (B, N, D) sorted along the Morton curve: ``perm`` (B, N) sorted -> original index, ``inv``,
-    ``pts`` (B, N, D) contiguous, ``pts64`` (B, nblk, BLOCK, D) float64 blocks (the last one padded with its
-    last point), ``lo``, ``hi`` (B, nblk, D) float64 block boxes, ``sizes`` (nblk,) points per block."""
+    ``pts`` (B, N, D) contiguous, ``blocks`` (:class:`_Groups` of ``BLOCK``) and ``supers`` (of
+    ``BLOCK * SUPER``; built for the ``SUPER`` of the first use), ``nblk`` blocks."""
 
     def __init__(self, t: torch.Tensor):
         self.src = t.detach().clone()
@@ -82,12 +101,14 @@ class _Order:
         self.perm = _cpu_bs._morton(self.src.double()).argsort(dim=1, stable=True)
         self.inv = torch.empty_like(self.perm).scatter_(1, self.perm, torch.arange(N, device=dev).expand(B, N))
         self.pts = self.src.gather(1, self.perm[..., None].expand(B, N, D)).contiguous()
-        self.nblk = -(-N // BLOCK)
-        idx = torch.arange(self.nblk * BLOCK, device=dev).clamp_max_(N - 1)
-        self.pts64 = self.pts[:, idx].double().view(B, self.nblk, BLOCK, D)
-        self.lo = self.pts64.amin(2)
-        self.hi = self.pts64.amax(2)
-        self.sizes = (N - torch.arange(self.nblk, device=dev) * BLOCK).clamp_max(BLOCK).double()
+        self.blocks = _Groups(self.pts, BLOCK)
+        self.nblk = self.blocks.n
+        self._supers = None
+
+    def supers(self) -> _Groups:
+        if self._supers is None or self._supers.size != BLOCK * SUPER:
+            self._supers = _Groups(self.pts, BLOCK * SUPER)
+        return self._supers
 
 
 def _order(t: torch.Tensor) -> _Order:
@@ -107,19 +128,19 @@ def _order(t: torch.Tensor) -> _Order:
 
 
 # ------------------------------------------------------------------------------------------- pruning
-def _col_stats(oy: _Order, hs: torch.Tensor, p: int):
-    """Per column block: lse (B, ncb); at p = 2 also top (B, ncb), beta (B, ncb, d) and the box centres
-    (B, ncb, d) of the linear-trend bound; float64."""
-    B, ncb, _, d = oy.pts64.shape
+def _col_stats(grp: _Groups, hs: torch.Tensor, p: int):
+    """Per column group: lse (B, ng); at p = 2 also top (B, ng), beta (B, ng, d) and the box centres (B, ng, d)
+    of the linear-trend bound (None at p = 1); float64."""
+    B, ng, size, d = grp.pts.shape
     m = hs.shape[1]
-    hb = torch.full((B, ncb * BLOCK), -math.inf, dtype=torch.float64, device=hs.device)
+    hb = torch.full((B, ng * size), -math.inf, dtype=torch.float64, device=hs.device)
     hb[:, :m] = hs.double()
-    hb = hb.view(B, ncb, BLOCK)
+    hb = hb.view(B, ng, size)
     lse = torch.logsumexp(hb, -1)
     if p != 2:
         return lse, None, None, None
-    centre = 0.5 * (oy.lo + oy.hi)
-    yr = oy.pts64 - centre[:, :, None, :]                                   # (B, ncb, BLOCK, d)
+    centre = 0.5 * (grp.lo + grp.hi)
+    yr = grp.pts - centre[:, :, None, :]                                    # (B, ng, size, d)
     fin = torch.isfinite(hb)
     cnt = fin.sum(-1, keepdim=True).clamp_min(1)
     hf = torch.where(fin, hb, 0.0)
@@ -139,21 +160,18 @@ def _cost(sq: torch.Tensor, p: int) -> torch.Tensor:
     return sq.sqrt() if p == 1 else 0.5 * sq
 
 
-def _keep_chunk(lo, hi, oy: _Order, stats, b: int, eps: float, p: int, slack: float) -> torch.Tensor:
-    """(C, ncb) bool: the column blocks the bounds cannot drop for the row blocks with boxes lo, hi (C, d) of
-    problem b."""
+def _bounds(a, e, c, f, stats, eps: float, p: int):
+    """(lower, upper) for row boxes [a, e] against column boxes [c, f] (broadcast, last dim d) with the column
+    statistics ``stats`` (lse, top, beta, centre) broadcast like c: lower = lse - Cmax / eps (a lower bound of
+    every row's LSE when maximised over the columns), upper >= the LSE of the column group for every row."""
     lse, top, beta, centre = stats
-    a, e = lo[:, None, :], hi[:, None, :]                                     # row boxes (C, 1, d)
-    c, f = oy.lo[b][None], oy.hi[b][None]                                     # column boxes (1, ncb, d)
     gap = torch.maximum(c - e, a - f).clamp_min(0)
     far = torch.maximum((f - a).abs(), (e - c).abs())
     cmin, cmax = _cost((gap * gap).sum(-1), p), _cost((far * far).sum(-1), p)
-    lower = (lse[b][None] - cmax / eps).amax(-1, keepdim=True)               # L_I (C, 1)
-    upper = lse[b][None] - cmin / eps
+    upper = lse - cmin / eps
     if top is not None:  # p = 2: the linear-trend bound
-        trend = top[b][None] + trend_max(a, e, c, f, beta[b][None], centre[b][None], eps).sum(-1)
-        upper = torch.minimum(upper, trend)
-    return upper >= lower + slack
+        upper = torch.minimum(upper, top + trend_max(a, e, c, f, beta, centre, eps).sum(-1))
+    return lse - cmax / eps, upper
 
 
 def trend_max(a, e, c, f, beta, mid, eps):
@@ -168,27 +186,77 @@ def trend_max(a, e, c, f, beta, mid, eps):
     return beta * (ys - mid) - dist * dist / (2 * eps)
 
 
+def _take(stats, b: int, idx: torch.Tensor):
+    """The statistics of problem b at column groups ``idx``."""
+    return tuple(None if t is None else t[b][idx] for t in stats)
+
+
+def _super_pairs(rs: _Groups, cs: _Groups, stats, b: int, eps: float, p: int, slack: float) -> torch.Tensor:
+    """(K, 2) int64 (row super-block, column super-block) pairs of problem b the bounds cannot drop, in chunks
+    of row super-blocks."""
+    step = max(1, _CHUNK // (cs.n * rs.lo.shape[-1]))
+    out = []
+    for r0 in range(0, rs.n, step):
+        a, e = rs.lo[b, r0:r0 + step, None, :], rs.hi[b, r0:r0 + step, None, :]
+        lower, upper = _bounds(a, e, cs.lo[b][None], cs.hi[b][None], tuple(None if t is None else t[b][None]
+                                                                            for t in stats), eps, p)
+        keep = upper >= lower.amax(-1, keepdim=True) + slack
+        pairs = keep.nonzero()
+        pairs[:, 0] += r0
+        out.append(pairs)
+    return torch.cat(out)
+
+
+def _candidates(sp: torch.Tensor, nrb: int, ncb: int):
+    """(I, J) int64 block pairs inside the super-block pairs ``sp`` (K, 2), within range."""
+    k = torch.arange(SUPER, device=sp.device)
+    rows = (sp[:, 0, None, None] * SUPER + k[None, :, None]).expand(-1, SUPER, SUPER).reshape(-1)
+    cols = (sp[:, 1, None, None] * SUPER + k[None, None, :]).expand(-1, SUPER, SUPER).reshape(-1)
+    ok = (rows < nrb) & (cols < ncb)
+    return rows[ok], cols[ok]
+
+
 def block_pairs(ox: _Order, oy: _Order, hs: torch.Tensor, eps: float, p: int):
-    """(offs (B nrb + 1,) int64, cblk (K,) int64, kept fraction of the N M pairs): the column blocks of every
-    row block that the bounds of the module docstring cannot drop. ``hs`` (B, M) the log-weights in the
-    sorted column order."""
-    B, nrb = ox.lo.shape[:2]
-    ncb = oy.lo.shape[1]
+    """(offs (B nrb + 1,) int64, cblk (K,) int64, kept fraction of the N M pairs) -- the column blocks of every
+    row block that the bounds of the module docstring cannot drop -- or (None, None, fraction) once the kept
+    pairs exceed ``DENSE_FRACTION`` of N M (the dense pass runs). ``hs`` (B, M) the log-weights in the sorted
+    column order. Two levels, each with half the budget THRESHOLD: super-block pairs (all of them), then the
+    block pairs inside the kept super-block pairs (in chunks; L_I over those candidates, a subset of the
+    columns, so still a lower bound)."""
+    B, nrb, ncb = hs.shape[0], ox.nblk, oy.nblk
     n, m = ox.pts.shape[1], oy.pts.shape[1]
-    stats = _col_stats(oy, hs, p)
-    slack = math.log(_cpu_bs.THRESHOLD) - math.log(ncb)
-    step = max(1, _CHUNK // (ncb * ox.lo.shape[-1]))
-    counts, blocks = [], []
-    kept = torch.zeros((), dtype=torch.float64, device=hs.device)
+    rs, cs = ox.supers(), oy.supers()
+    rb, cb = ox.blocks, oy.blocks
+    sstats, bstats = _col_stats(cs, hs, p), _col_stats(cb, hs, p)
+    log_half = math.log(_cpu_bs.THRESHOLD / 2)
+    limit = _cpu_bs.DENSE_FRACTION * B * n * m
+    rows_all, cols_all = [], []
+    kept = 0.0
     for b in range(B):
-        for i0 in range(0, nrb, step):
-            keep = _keep_chunk(ox.lo[b, i0:i0 + step], ox.hi[b, i0:i0 + step], oy, stats, b, eps, p, slack)
-            counts.append(keep.sum(-1))
-            blocks.append(keep.nonzero()[:, 1])
-            kept += ((keep.double() @ oy.sizes) * ox.sizes[i0:i0 + step]).sum()
+        sp = _super_pairs(rs, cs, sstats, b, eps, p, log_half - math.log(cs.n))
+        chunk = max(1, _CHUNK // (SUPER * SUPER * rb.lo.shape[-1]))
+        best = torch.full((nrb,), -math.inf, dtype=torch.float64, device=hs.device)
+        for sweep in (0, 1):  # 0: L_I over the candidates; 1: the drop test
+            for k0 in range(0, sp.shape[0], chunk):
+                i, j = _candidates(sp[k0:k0 + chunk], nrb, ncb)
+                lower, upper = _bounds(rb.lo[b, i], rb.hi[b, i], cb.lo[b, j], cb.hi[b, j], _take(bstats, b, j),
+                                       eps, p)
+                if sweep == 0:
+                    best.scatter_reduce_(0, i, lower, "amax")
+                    continue
+                keep = upper >= best[i] + log_half - math.log(ncb)
+                i, j = i[keep], j[keep]
+                kept += float((rb.sizes[i] * cb.sizes[j]).sum())
+                if kept > limit:
+                    return None, None, 1.0
+                rows_all.append(i + b * nrb)
+                cols_all.append(j)
+    rows = torch.cat(rows_all) if rows_all else torch.zeros(0, dtype=torch.int64, device=hs.device)
+    cols = torch.cat(cols_all) if cols_all else torch.zeros(0, dtype=torch.int64, device=hs.device)
+    order = torch.argsort(rows * ncb + cols)
     offs = torch.zeros(B * nrb + 1, dtype=torch.int64, device=hs.device)
-    torch.cumsum(torch.cat(counts), 0, out=offs[1:])
-    return offs, torch.cat(blocks), float(kept) / max(B * n * m, 1)
+    torch.cumsum(torch.bincount(rows, minlength=B * nrb), 0, out=offs[1:])
+    return offs, cols[order], kept / max(B * n * m, 1)
 
 
 # -------------------------------------------------------------------------------------------- passes
@@ -208,7 +276,7 @@ def _setup(x, y, h, eps, p):
     hs = h.detach().gather(1, oy.perm)
     offs, cblk, frac = block_pairs(ox, oy, hs, eps, p)
     _cpu_bs._last_kept = frac
-    if frac > _cpu_bs.DENSE_FRACTION:
+    if offs is None:
         return None
     prm = torch.empty(2, dtype=x.dtype, device=x.device)
     prm[0].fill_(_LOG2E / eps)
