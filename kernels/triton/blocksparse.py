@@ -52,7 +52,6 @@ import torch
 import triton
 
 from .. import blocksparse as _cpu_bs
-from .._common import check_operands
 from . import launchers as _dense
 from .sparse_kernels import _bs_argmax_kernel, _bs_softmin_kernel, _bs_wmean_kernel
 
@@ -293,31 +292,23 @@ def _launch(kernel, setup, out, p, block_n, block_m, **const):
                                             D=d, P=p, BLOCK=BLOCK, BLOCK_N=block_n, BLOCK_M=block_m, **const)
 
 
-def _unsort(out_sorted: torch.Tensor, ox: _Order) -> torch.Tensor:
-    inv = ox.inv if out_sorted.dim() == 2 else ox.inv[..., None].expand_as(out_sorted)
-    return out_sorted.gather(1, inv)
-
-
-def _check(x, y, h, p):
-    B = check_operands(x, y, h, p, allow_empty=True, allow_batch=True)
-    if not 0 < _cpu_bs.THRESHOLD <= 1e-3:
-        raise ValueError(f"blocksparse.THRESHOLD (SROT_BLOCKSPARSE_THRESHOLD) must be in (0, 1e-3], got "
-                         f"{_cpu_bs.THRESHOLD}")
-    return B
+def _prepare(x, y, h, eps, p):
+    """(B or None for unbatched operands, batched x, the pass's setup or None for the dense pass)."""
+    B = _cpu_bs._check(x, y, h, p)
+    xb, yb, hb = _batched(B, x, y, h)
+    return B, xb, _setup(xb, yb, hb, eps, p)
 
 
 def softmin(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int, **options) -> torch.Tensor:
     r"""(N,) | (B, N) soft-min ``out_i = -eps * log sum_j exp(h_j - C(x_i, y_j) / eps)``, within eps * THRESHOLD
     of the dense value; ``+inf`` if all ``h = -inf``. ``options``: the dense Triton kernels' (``precision``,
     ``autotune``), used where the dense pass runs."""
-    B = _check(x, y, h, p)
-    xb, yb, hb = _batched(B, x, y, h)
-    setup = _setup(xb, yb, hb, eps, p)
+    B, xb, setup = _prepare(x, y, h, eps, p)
     if setup is None:
         return _dense.softmin(x, y, h, eps, p, **options)
     out = torch.empty(xb.shape[:2], dtype=x.dtype, device=x.device)
     _launch(_bs_softmin_kernel, setup, out, p, 32, 64)
-    out = _unsort(out, setup[0])
+    out = _cpu_bs._unsort(out, setup[0])
     return out if B is not None else out[0]
 
 
@@ -326,17 +317,15 @@ def weighted_mean(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float,
     r"""(N, D) | (B, N, D) mean of phi(x_i, y_j) under w_ij = softmax_j(h_j - C_ij / eps) (truncation bound:
     :mod:`srot_fast.kernels.blocksparse`). ``phi="y"``: y_j. ``phi="grad"``: (x_i - y_j) / |x_i - y_j| (p = 1,
     0 where x_i = y_j) or x_i - y_j (p = 2)."""
-    B = _check(x, y, h, p)
     if phi not in ("y", "grad"):
         raise ValueError(f"phi must be 'y' or 'grad', got {phi!r}")
-    xb, yb, hb = _batched(B, x, y, h)
-    setup = _setup(xb, yb, hb, eps, p)
+    B, xb, setup = _prepare(x, y, h, eps, p)
     if setup is None:
         return _dense.weighted_mean(x, y, h, eps, p, phi, **options)
     out = torch.empty(xb.shape, dtype=x.dtype, device=x.device)
     unit = phi == "grad" and p == 1
     _launch(_bs_wmean_kernel, setup, out, p, 16, 32, UNIT=unit, BLOCK_D=max(2, triton.next_power_of_2(x.shape[-1])))
-    out = _unsort(out, setup[0])
+    out = _cpu_bs._unsort(out, setup[0])
     if phi == "grad" and p == 2:
         out = xb.detach() - out
     return out if B is not None else out[0]
@@ -345,17 +334,15 @@ def weighted_mean(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float,
 def plan_argmax(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int, **options) -> torch.Tensor:
     """(N,) | (B, N) int64 index of the largest plan entry per row, argmax_j (h_j - C_ij / eps) (exact; one of
     the maximal indices on exact ties)."""
-    B = _check(x, y, h, p)
     if y.shape[-2] == 0:
         raise ValueError("plan_argmax needs at least one column (M >= 1)")
-    xb, yb, hb = _batched(B, x, y, h)
-    setup = _setup(xb, yb, hb, eps, p)
+    B, xb, setup = _prepare(x, y, h, eps, p)
     if setup is None:
         return _dense.plan_argmax(x, y, h, eps, p, **options)
     arg = torch.empty(xb.shape[:2], dtype=torch.int64, device=x.device)
     _launch(_bs_argmax_kernel, setup, arg, p, 32, 64)
     idx = setup[1].perm.gather(1, arg.clamp_min(0)).masked_fill_(arg < 0, 0)  # no finite logit: 0
-    out = _unsort(idx, setup[0])
+    out = _cpu_bs._unsort(idx, setup[0])
     return out if B is not None else out[0]
 
 

@@ -17,6 +17,7 @@ from .tiles import (
     _load_points,
     _logits_tile,
     _lse_step,
+    _phi_sum,
     _program_rows,
     _sq_dist_tile,
     _sq_dist_tile_soa,
@@ -188,12 +189,7 @@ def _weighted_mean_fwd_kernel(
         m_i, alpha, w = _lse_step(m_i, logit, 1)  # w: (BLOCK_N, BLOCK_M)
         s_i = s_i * alpha + tl.sum(w, 1)
         y_t = _up(_load_points(y_ptr, cols, cmask, dims, dmask, stride_y))  # (BLOCK_M, BLOCK_D)
-        if UNIT:
-            w = tl.where(sq > 0, w / tl.sqrt(tl.where(sq > 0, sq, 1.0)), 0.0)
-            contrib = tl.sum(w[:, :, None] * (x_t[:, None, :] - y_t[None, :, :]), 1)
-        else:
-            contrib = tl.sum(w[:, :, None] * y_t[None, :, :], 1)
-        acc = acc * alpha[:, None] + contrib
+        acc = acc * alpha[:, None] + _phi_sum(w, sq, x_t, y_t, UNIT)
     out = acc / s_i[:, None]
     out_ptr += b * N * D
     tl.store(out_ptr + rows[:, None] * D + dims[None, :], out, mask=rmask[:, None] & dmask[None, :])

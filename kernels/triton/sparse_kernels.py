@@ -14,19 +14,34 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import _cost_scale, _load_points, _logits_tile, _lse_step, _sq_dist_tile, _up
+from .tiles import _cost_scale, _load_points, _logits_tile, _lse_step, _phi_sum, _sq_dist_tile, _up
 
 
 @triton.jit
-def _sparse_rows(N, nrb, BLOCK: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(problem b, CSR row index b nrb + I, (BLOCK_N,) int64 rows, rows < N) of this program."""
+def _bs_program(x_ptr, y_ptr, h_ptr, offs_ptr, N, M, nrb, D: tl.constexpr, BLOCK: tl.constexpr,
+                BLOCK_N: tl.constexpr):
+    """This program's (problem b, (BLOCK_N,) int64 rows, rows < N, the pointers moved to problem b, and the
+    range [k0, k1) of its row block in the CSR list). ``BLOCK / BLOCK_N`` programs share a row block."""
     pid = tl.program_id(0)
     per = BLOCK // BLOCK_N
     rb = pid // per  # b * nrb + I
-    sub = pid - rb * per
     b = rb // nrb
-    rows = (rb - b * nrb) * BLOCK + sub * BLOCK_N + tl.arange(0, BLOCK_N)
-    return b.to(tl.int64), rb, rows.to(tl.int64), rows < N
+    rows = ((rb - b * nrb) * BLOCK + (pid - rb * per) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    b = b.to(tl.int64)
+    return (b, rows, rows < N, x_ptr + b * N * D, y_ptr + b * M * D, h_ptr + b * M, tl.load(offs_ptr + rb),
+            tl.load(offs_ptr + rb + 1))
+
+
+@triton.jit
+def _bs_tile(x_ptr, y_ptr, h_ptr, cblk_ptr, k, t, rows, rmask, cscale, M, D: tl.constexpr, P: tl.constexpr,
+             BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Sub-tile ``t`` of the ``k``-th kept column block: (first column j0, (BLOCK_M,) int64 columns, cols < M,
+    (BLOCK_N, BLOCK_M) squared distances and logits h_j - C_ij / eps in base 2)."""
+    j0 = tl.load(cblk_ptr + k) * BLOCK + t * BLOCK_M
+    cols = j0 + tl.arange(0, BLOCK_M).to(tl.int64)
+    cmask = cols < M
+    sq = _sq_dist_tile(x_ptr, y_ptr, rows, rmask, cols, cmask, D, D, D, BLOCK_N, BLOCK_M)
+    return j0, cols, cmask, sq, _logits_tile(sq, h_ptr, cols, cmask, cscale, P)
 
 
 @triton.jit
@@ -41,23 +56,16 @@ def _bs_softmin_kernel(
     N, M, nrb,
     D: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
-    b, rb, rows, rmask = _sparse_rows(N, nrb, BLOCK, BLOCK_N)
-    x_ptr += b * N * D
-    y_ptr += b * M * D
-    h_ptr += b * M
+    b, rows, rmask, x_ptr, y_ptr, h_ptr, k0, k1 = _bs_program(x_ptr, y_ptr, h_ptr, offs_ptr, N, M, nrb, D, BLOCK,
+                                                              BLOCK_N)
     cscale = _cost_scale(prm_ptr, P)
     eps_ln2 = tl.load(prm_ptr + 1)
     m_i = tl.full((BLOCK_N,), float("-inf"), dtype=prm_ptr.dtype.element_ty)
     s_i = tl.zeros((BLOCK_N,), dtype=prm_ptr.dtype.element_ty)
-    k0 = tl.load(offs_ptr + rb)
-    k1 = tl.load(offs_ptr + rb + 1)
     for k in range(k0, k1):
-        j0 = tl.load(cblk_ptr + k) * BLOCK
         for t in tl.static_range(BLOCK // BLOCK_M):
-            cols = j0 + t * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-            cmask = cols < M
-            sq = _sq_dist_tile(x_ptr, y_ptr, rows, rmask, cols, cmask, D, D, D, BLOCK_N, BLOCK_M)
-            logit = _logits_tile(sq, h_ptr, cols, cmask, cscale, P)
+            _, _, _, _, logit = _bs_tile(x_ptr, y_ptr, h_ptr, cblk_ptr, k, t, rows, rmask, cscale, M, D, P, BLOCK,
+                                         BLOCK_N, BLOCK_M)
             m_i, alpha, w = _lse_step(m_i, logit, 1)
             s_i = s_i * alpha + tl.sum(w, 1)
     out = tl.where(s_i > 0, -eps_ln2 * (m_i + tl.log2(tl.where(s_i > 0, s_i, 1.0))), float("inf"))
@@ -74,10 +82,8 @@ def _bs_wmean_kernel(
     BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,  # power of two >= D
 ):
-    b, rb, rows, rmask = _sparse_rows(N, nrb, BLOCK, BLOCK_N)
-    x_ptr += b * N * D
-    y_ptr += b * M * D
-    h_ptr += b * M
+    b, rows, rmask, x_ptr, y_ptr, h_ptr, k0, k1 = _bs_program(x_ptr, y_ptr, h_ptr, offs_ptr, N, M, nrb, D, BLOCK,
+                                                              BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
     dmask = dims < D
     cscale = _cost_scale(prm_ptr, P)
@@ -85,24 +91,14 @@ def _bs_wmean_kernel(
     m_i = tl.full((BLOCK_N,), float("-inf"), dtype=prm_ptr.dtype.element_ty)
     s_i = tl.zeros((BLOCK_N,), dtype=prm_ptr.dtype.element_ty)
     acc = tl.zeros((BLOCK_N, BLOCK_D), dtype=prm_ptr.dtype.element_ty)
-    k0 = tl.load(offs_ptr + rb)
-    k1 = tl.load(offs_ptr + rb + 1)
     for k in range(k0, k1):
-        j0 = tl.load(cblk_ptr + k) * BLOCK
         for t in tl.static_range(BLOCK // BLOCK_M):
-            cols = j0 + t * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-            cmask = cols < M
-            sq = _sq_dist_tile(x_ptr, y_ptr, rows, rmask, cols, cmask, D, D, D, BLOCK_N, BLOCK_M)
-            logit = _logits_tile(sq, h_ptr, cols, cmask, cscale, P)
+            _, cols, cmask, sq, logit = _bs_tile(x_ptr, y_ptr, h_ptr, cblk_ptr, k, t, rows, rmask, cscale, M, D, P,
+                                                 BLOCK, BLOCK_N, BLOCK_M)
             m_i, alpha, w = _lse_step(m_i, logit, 1)
             s_i = s_i * alpha + tl.sum(w, 1)
             y_t = _up(_load_points(y_ptr, cols, cmask, dims, dmask, D))  # (BLOCK_M, BLOCK_D)
-            if UNIT:
-                w = tl.where(sq > 0, w / tl.sqrt(tl.where(sq > 0, sq, 1.0)), 0.0)
-                contrib = tl.sum(w[:, :, None] * (x_t[:, None, :] - y_t[None, :, :]), 1)
-            else:
-                contrib = tl.sum(w[:, :, None] * y_t[None, :, :], 1)
-            acc = acc * alpha[:, None] + contrib
+            acc = acc * alpha[:, None] + _phi_sum(w, sq, x_t, y_t, UNIT)
     out = acc / s_i[:, None]
     tl.store(out_ptr + b * N * D + rows[:, None] * D + dims[None, :], out, mask=rmask[:, None] & dmask[None, :])
 
@@ -114,24 +110,17 @@ def _bs_argmax_kernel(
     N, M, nrb,
     D: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
-    b, rb, rows, rmask = _sparse_rows(N, nrb, BLOCK, BLOCK_N)
-    x_ptr += b * N * D
-    y_ptr += b * M * D
-    h_ptr += b * M
+    b, rows, rmask, x_ptr, y_ptr, h_ptr, k0, k1 = _bs_program(x_ptr, y_ptr, h_ptr, offs_ptr, N, M, nrb, D, BLOCK,
+                                                              BLOCK_N)
     cscale = _cost_scale(prm_ptr, P)
     best = tl.full((BLOCK_N,), float("-inf"), dtype=prm_ptr.dtype.element_ty)
     arg = tl.full((BLOCK_N,), -1, dtype=tl.int64)
-    k0 = tl.load(offs_ptr + rb)
-    k1 = tl.load(offs_ptr + rb + 1)
     for k in range(k0, k1):
-        j0 = tl.load(cblk_ptr + k) * BLOCK
         for t in tl.static_range(BLOCK // BLOCK_M):
-            cols = j0 + t * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-            cmask = cols < M
-            sq = _sq_dist_tile(x_ptr, y_ptr, rows, rmask, cols, cmask, D, D, D, BLOCK_N, BLOCK_M)
-            logit = _logits_tile(sq, h_ptr, cols, cmask, cscale, P)
+            j0, _, _, _, logit = _bs_tile(x_ptr, y_ptr, h_ptr, cblk_ptr, k, t, rows, rmask, cscale, M, D, P, BLOCK,
+                                          BLOCK_N, BLOCK_M)
             t_max = tl.max(logit, 1)
-            t_arg = tl.argmax(logit, 1, tie_break_left=True).to(tl.int64) + j0 + t * BLOCK_M
+            t_arg = tl.argmax(logit, 1, tie_break_left=True).to(tl.int64) + j0
             upd = t_max > best
             arg = tl.where(upd, t_arg, arg)
             best = tl.where(upd, t_max, best)

@@ -165,6 +165,19 @@ def _logits_tile(sq, h_ptr, cols, cmask, cscale, P: tl.constexpr):
 
 
 @triton.jit
+def _phi_sum(w, sq, x_t, y_t, UNIT: tl.constexpr):
+    """(BLOCK_N, BLOCK_D) sum over a tile's columns of w_ij phi(x_i, y_j): phi = (x_i - y_j) / |x_i - y_j| (0 at
+    x_i = y_j) if ``UNIT``, else y_j; w and sq (BLOCK_N, BLOCK_M), x_t (BLOCK_N, BLOCK_D), y_t (BLOCK_M,
+    BLOCK_D), by broadcast products."""
+    if UNIT:
+        w = tl.where(sq > 0, w / tl.sqrt(tl.where(sq > 0, sq, 1.0)), 0.0)
+        contrib = tl.sum(w[:, :, None] * (x_t[:, None, :] - y_t[None, :, :]), 1)
+    else:
+        contrib = tl.sum(w[:, :, None] * y_t[None, :, :], 1)
+    return contrib
+
+
+@triton.jit
 def _cost_scale(prm_ptr, P: tl.constexpr):
     """log2(e) / eps (p = 1) or log2(e) / (2 eps) (p = 2), from prm = [log2(e) / eps, eps ln 2]."""
     inv2 = tl.load(prm_ptr)

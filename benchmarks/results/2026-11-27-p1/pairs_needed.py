@@ -4,34 +4,40 @@ balanced OT solved to tol 1e-5 on the dense 'cpu' backend; per row, the fewest c
 first) whose weights sum to 1 - thr, for thr = 1e-12 and 1e-6; the kept fractions of the C++ and the torch
 (Triton path) block pruning at the default THRESHOLD 1e-12; and the pairs whose logit is within 30 nats of
 the row's largest. Run: ``OMP_NUM_THREADS=2 python pairs_needed.py > pairs_needed.txt``."""
-import math, torch, warnings
-from srot_fast import sinkhorn
-from srot_fast.geometry import bbox_diameter
+import math
+import warnings
+
+import torch
 from srot_fast.kernels import blocksparse as bs
 from srot_fast.kernels.triton import blocksparse as tbs
+
+from srot_fast import sinkhorn
+from srot_fast.geometry import bbox_diameter
+
 torch.manual_seed(0)
 n = 4000
-x = torch.rand(n, 2, dtype=torch.float64); y = torch.rand(n, 2, dtype=torch.float64); y[:, 0] += 0.1
+x = torch.rand(n, 2, dtype=torch.float64)
+y = torch.rand(n, 2, dtype=torch.float64)
+y[:, 0] += 0.1
 diam = bbox_diameter(x, y)
-bs.DENSE_FRACTION = 2.0; bs.MIN_PAIRS = 0
+bs.DENSE_FRACTION, bs.MIN_PAIRS = 2.0, 0
 for p in (2, 1):
     eps = (0.01 * diam) ** p
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         r = sinkhorn(x, y, p=p, eps=eps, tol=1e-5, max_iter=2000, backend="cpu")
     h = -math.log(n) + r.g / eps
-    C = torch.cdist(x, y); C = C if p == 1 else 0.5 * C ** 2
-    L = h[None, :] - C / eps
-    lse = torch.logsumexp(L, 1, keepdim=True)
-    w = (L - lse).exp()
-    ws, _ = w.sort(1, descending=True)
-    cum = ws.cumsum(1)
+    dist = torch.cdist(x, y)
+    logits = h[None, :] - (dist if p == 1 else 0.5 * dist**2) / eps
+    w = (logits - torch.logsumexp(logits, 1, keepdim=True)).exp()
+    cum = w.sort(1, descending=True).values.cumsum(1)
     for thr in (1e-12, 1e-6):
-        need = (cum < 1 - thr).sum(1) + 1
-        print(f"p={p} thr={thr}: pairs needed per row median {need.double().median().item():.0f}, mean frac {need.double().mean().item()/n:.4f}")
-    bs.softmin(x, y, h, eps, p); print("  cpu blocksparse kept", bs.last_kept_fraction())
-    ox, oy = tbs._order(x[None]), tbs._order(y[None]); hs = h[None].gather(1, oy.perm)
-    print("  torch pruning kept", tbs.block_pairs(ox, oy, hs, eps, p)[2])
-    # spread of logits along rays: fraction of pairs with logit within 30 nats of row max
-    near = ((L - L.amax(1, keepdim=True)) > -30).double().mean().item()
+        need = ((cum < 1 - thr).sum(1) + 1).double()
+        print(f"p={p} thr={thr}: pairs needed per row median {need.median().item():.0f}, "
+              f"mean frac {need.mean().item() / n:.4f}")
+    bs.softmin(x, y, h, eps, p)
+    print("  cpu blocksparse kept", bs.last_kept_fraction())
+    ox, oy = tbs._order(x[None]), tbs._order(y[None])
+    print("  torch pruning kept", tbs.block_pairs(ox, oy, h[None].gather(1, oy.perm), eps, p)[2])
+    near = ((logits - logits.amax(1, keepdim=True)) > -30).double().mean().item()
     print(f"  pairs within 30 nats of the row max: {near:.4f}")
