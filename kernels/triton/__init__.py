@@ -24,7 +24,10 @@ Modules (one idea each; :mod:`srot_fast.kernels.triton_softmin` re-exports the p
   the dot precision from ``precision=`` or the environment, and the four primitives;
 - :mod:`.options`: the run-time options ``precision`` and ``autotune`` (checked without importing triton),
   which :func:`srot_fast.sinkhorn` and :class:`srot_fast.SROTLoss` take as arguments and the geometry
-  passes to every primitive as keyword arguments.
+  passes to every primitive as keyword arguments;
+- :mod:`.blocksparse` and :mod:`.sparse_kernels`: the block-sparse primitives for d <= 3 (pruning in torch,
+  ``@triton.jit`` kernels over the kept column blocks), which :mod:`srot_fast.kernels.blocksparse` calls for
+  CUDA tensors.
 
 Layers: ``_*_kernel`` (``@triton.jit``) -> ``*_fwd`` launchers (checks, path, block sizes, grid,
 allocation; keyword arguments) -> the four primitives above. One program owns ``BLOCK_N`` rows of one
