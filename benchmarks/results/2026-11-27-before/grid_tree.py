@@ -13,6 +13,7 @@ import argparse
 import itertools
 import json
 import math
+import subprocess
 import sys
 import time
 import warnings
@@ -56,6 +57,8 @@ def main():
     sys.path.insert(0, args.tree)
     from srot_fast.sinkhorn import sinkhorn
     extra = dict(accelerate=True) if args.accelerate else {}
+    revision = subprocess.run(["git", "-C", args.tree, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True).stdout.strip() or None
     offs = {"both": (False, True), "no": (False,), "yes": (True,)}[args.offsets]
     rows = []
     for p, pen, d, ratio, n, off in itertools.product((1, 2), ("balanced", "kl", "tv", "partial"), args.d,
@@ -76,7 +79,7 @@ def main():
         row["converged"] = val is not None and math.isfinite(val) and err <= 1e-4 and it < 20000
         rows.append(row)
         print(json.dumps(row), flush=True)
-        json.dump(dict(tree=args.tree, accelerate=args.accelerate, rows=rows), open(args.out, "w"), indent=1)
+        json.dump(dict(revision=revision, accelerate=args.accelerate, rows=rows), open(args.out, "w"), indent=1)
 
 
 if __name__ == "__main__":
