@@ -351,10 +351,16 @@ def test_interrupted_build_kills_the_compiler_and_leaves_no_temporary(cache, tmp
             time.sleep(0.05)
         signal.pthread_kill(main, signal.SIGINT)
 
-    threading.Thread(target=interrupt, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        cpu_ops.available()
-        time.sleep(60)  # not reached unless the build ignored the interrupt
+    # Python's own SIGINT handler even where the process inherited SIGINT ignored (a job started with '&' by a
+    # non-interactive shell, or nohup): otherwise the signal would not raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=interrupt, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            cpu_ops.available()
+            time.sleep(60)  # not reached unless the build ignored the interrupt
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert _temporaries(cache) == []
     assert _gone(int(pidfile.read_text()))
     assert not cpu_ops._tried  # the next call tries again
