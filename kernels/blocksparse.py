@@ -86,7 +86,6 @@ import threading
 from collections import OrderedDict
 from typing import Optional
 
-import numpy as np
 import torch
 
 from . import cpu_ops
@@ -226,20 +225,42 @@ class _Order:
         return self._yt
 
 
-def _order(t: torch.Tensor) -> _Order:
-    key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
+def _cached(t: torch.Tensor, build, cache: "OrderedDict") -> object:
+    """``build(t)`` from ``cache`` (least recently used, ``CACHE_SIZE`` entries), looked up by data pointer,
+    shape, strides, dtype and device and used only if its stored copy ``src`` equals ``t``."""
+    key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
     with _lock:
-        hit = _cache.get(key)
-        if hit is not None and np.array_equal(hit.src.numpy(), t.detach().numpy()):
-            _cache.move_to_end(key)
+        hit = cache.get(key)
+        if hit is not None and torch.equal(hit.src, t.detach()):
+            cache.move_to_end(key)
             return hit
-    entry = _Order(t)
+    entry = build(t)
     with _lock:
-        _cache[key] = entry
-        _cache.move_to_end(key)
-        while len(_cache) > CACHE_SIZE:
-            _cache.popitem(last=False)
+        cache[key] = entry
+        cache.move_to_end(key)
+        while len(cache) > CACHE_SIZE:
+            cache.popitem(last=False)
     return entry
+
+
+def _order(t: torch.Tensor) -> _Order:
+    return _cached(t, _Order, _cache)
+
+
+def _slope(xc: torch.Tensor, v: torch.Tensor, fin: torch.Tensor) -> torch.Tensor:
+    """(..., d) float64 least-squares slope of v (..., k) in the points xc (..., k, d), over the entries where
+    ``fin`` (..., k) holds (relative ridge 1e-12; 0 where nothing is fitted or the fit is not finite). Any slope
+    gives valid bounds; a good one gives tight ones."""
+    w = fin.double()
+    cnt = w.sum(-1, keepdim=True).clamp_min(1)
+    vf = torch.where(fin, v, 0.0)
+    xm = (xc - (xc * w[..., None]).sum(-2, keepdim=True) / cnt[..., None]) * w[..., None]
+    vm = (vf - (vf * w).sum(-1, keepdim=True) / cnt) * w
+    gram = xm.transpose(-1, -2) @ xm
+    ridge = 1e-12 * gram.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(1e-300)
+    eye = torch.eye(xc.shape[-1], dtype=torch.float64, device=xc.device)
+    out = torch.linalg.solve(gram + ridge[..., None, None] * eye, xm.transpose(-1, -2) @ vm[..., None])[..., 0]
+    return torch.where(torch.isfinite(out).all(-1, keepdim=True), out, 0.0)
 
 
 # ------------------------------------------------------------------------------------------- pruning
@@ -278,14 +299,8 @@ def _row_lower(lib, ox: _Order, oy: _Order, hs: torch.Tensor, best: torch.Tensor
     if p != 2:
         return lrow, lrow, torch.zeros(B, ox.nblk, d, dtype=torch.float64)
     xc = ox.pts64()[:, rows].view(B, ox.nblk, BLOCK, d) - (0.5 * (ox.lo + ox.hi))[:, :, None, :]
-    fin = torch.isfinite(low).all(-1)                                          # (B, nrb): every l_i finite
-    lf = torch.where(fin[..., None], low, torch.zeros_like(low))
-    xm, lm = xc - xc.mean(2, keepdim=True), lf - lf.mean(2, keepdim=True)
-    gram = xm.transpose(-1, -2) @ xm                                           # (B, nrb, d, d)
-    ridge = 1e-12 * gram.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(1e-300)
-    eye = torch.eye(d, dtype=torch.float64)
-    alpha = torch.linalg.solve(gram + ridge[..., None, None] * eye, xm.transpose(-1, -2) @ lm[..., None])[..., 0]
-    alpha = torch.where(fin[..., None] & torch.isfinite(alpha).all(-1, keepdim=True), alpha, 0.0)
+    fin = torch.isfinite(low).all(-1, keepdim=True).expand_as(low)            # fitted where every l_i is finite
+    alpha = _slope(xc, low, fin)                                               # (B, nrb, d)
     lrow0 = (low - (xc @ alpha[..., None])[..., 0]).amin(-1)
     return lrow, lrow0, alpha.contiguous()
 
@@ -386,8 +401,9 @@ def _args(ox: _Order, oy: _Order, hs, offs, rng):
 def softmin(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int) -> torch.Tensor:
     r"""(N,) | (B, N) soft-min ``out_i = -eps * log sum_j exp(h_j - C(x_i, y_j) / eps)``, within eps * THRESHOLD
     of the dense value; ``+inf`` if all ``h = -inf``."""
-    if _on_gpu(x) is not None:
-        return _on_gpu(x).softmin(x, y, h, eps, p)
+    gpu = _on_gpu(x)
+    if gpu is not None:
+        return gpu.softmin(x, y, h, eps, p)
     B = _check(x, y, h, p)
     xb, yb, hb = cpu_ops._batched(B, x, y, h)
     setup = _sparse_setup(xb, yb, hb, eps, p)
@@ -407,8 +423,9 @@ def weighted_mean(
     r"""(N, D) | (B, N, D) mean of phi(x_i, y_j) under w_ij = softmax_j(h_j - C_ij / eps) (see the module
     docstring for the truncation bound). ``phi="y"``: y_j. ``phi="grad"``: nabla_x C = (x_i - y_j) / |x_i - y_j|
     (p = 1, 0 where x_i = y_j) or x_i - y_j (p = 2)."""
-    if _on_gpu(x) is not None:
-        return _on_gpu(x).weighted_mean(x, y, h, eps, p, phi)
+    gpu = _on_gpu(x)
+    if gpu is not None:
+        return gpu.weighted_mean(x, y, h, eps, p, phi)
     B = _check(x, y, h, p)
     if phi not in ("y", "grad"):
         raise ValueError(f"phi must be 'y' or 'grad', got {phi!r}")
@@ -430,8 +447,9 @@ def weighted_mean(
 def plan_argmax(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int) -> torch.Tensor:
     """(N,) | (B, N) int64 index of the largest plan entry per row, argmax_j (h_j - C_ij / eps) (exact; one of
     the maximal indices on exact ties)."""
-    if _on_gpu(x) is not None:
-        return _on_gpu(x).plan_argmax(x, y, h, eps, p)
+    gpu = _on_gpu(x)
+    if gpu is not None:
+        return gpu.plan_argmax(x, y, h, eps, p)
     B = _check(x, y, h, p)
     if y.shape[-2] == 0:
         raise ValueError("plan_argmax needs at least one column (M >= 1)")
@@ -450,8 +468,9 @@ def plan_argmax(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p
 
 def max_cost(x: torch.Tensor, y: torch.Tensor, p: int) -> torch.Tensor:
     """() | (B,) largest ground cost max_ij C(x_i, y_j) per problem, of x's dtype (exact)."""
-    if _on_gpu(x) is not None:
-        return _on_gpu(x).max_cost(x, y, p)
+    gpu = _on_gpu(x)
+    if gpu is not None:
+        return gpu.max_cost(x, y, p)
     B = _check(x, y, None, p)
     if x.shape[-2] == 0 or y.shape[-2] == 0:
         raise ValueError("max_cost of an empty point cloud")

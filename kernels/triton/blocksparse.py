@@ -45,13 +45,13 @@ Caution:
 from __future__ import annotations
 
 import math
-import threading
 from collections import OrderedDict
 
 import torch
 import triton
 
 from .. import blocksparse as _cpu_bs
+from .. import cpu_ops
 from . import launchers as _dense
 from .sparse_kernels import _bs_argmax_kernel, _bs_softmin_kernel, _bs_wmean_kernel
 
@@ -60,17 +60,13 @@ __all__ = ["BLOCK", "softmin", "weighted_mean", "plan_argmax", "max_cost", "clea
 BLOCK = 64  # points per block: row blocks and column blocks
 SUPER = 16  # blocks per super-block (the first pruning level)
 _CHUNK = 1 << 22  # box pairs x d float64 entries per pruning chunk
-_CACHE_SIZE = 8
-_LOG2E = 1.4426950408889634
-_LN2 = 0.6931471805599453
 
-_lock = threading.Lock()
 _cache: "OrderedDict[tuple, _Order]" = OrderedDict()
 
 
 def clear_cache() -> None:
     """Forget every cached point ordering."""
-    with _lock:
+    with _cpu_bs._lock:
         _cache.clear()
 
 
@@ -111,26 +107,14 @@ class _Order:
 
 
 def _order(t: torch.Tensor) -> _Order:
-    key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device))
-    with _lock:
-        hit = _cache.get(key)
-    if hit is not None and torch.equal(hit.src, t.detach()):
-        with _lock:
-            _cache.move_to_end(key)
-        return hit
-    entry = _Order(t)
-    with _lock:
-        _cache[key] = entry
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
-    return entry
+    return _cpu_bs._cached(t, _Order, _cache)
 
 
 # ------------------------------------------------------------------------------------------- pruning
 def _col_stats(grp: _Groups, hs: torch.Tensor, p: int):
     """Per column group: lse (B, ng); at p = 2 also top (B, ng), beta (B, ng, d) and the box centres (B, ng, d)
     of the linear-trend bound (None at p = 1); float64."""
-    B, ng, size, d = grp.pts.shape
+    B, ng, size, _ = grp.pts.shape
     m = hs.shape[1]
     hb = torch.full((B, ng * size), -math.inf, dtype=torch.float64, device=hs.device)
     hb[:, :m] = hs.double()
@@ -141,16 +125,7 @@ def _col_stats(grp: _Groups, hs: torch.Tensor, p: int):
     centre = 0.5 * (grp.lo + grp.hi)
     yr = grp.pts - centre[:, :, None, :]                                    # (B, ng, size, d)
     fin = torch.isfinite(hb)
-    cnt = fin.sum(-1, keepdim=True).clamp_min(1)
-    hf = torch.where(fin, hb, 0.0)
-    yf = yr * fin[..., None]
-    yc = (yr - yf.sum(2, keepdim=True) / cnt[..., None]) * fin[..., None]
-    hc = (hf - hf.sum(-1, keepdim=True) / cnt) * fin
-    gram = yc.transpose(-1, -2) @ yc
-    ridge = 1e-12 * gram.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(1e-300)
-    eye = torch.eye(d, dtype=torch.float64, device=hs.device)
-    beta = torch.linalg.solve(gram + ridge[..., None, None] * eye, yc.transpose(-1, -2) @ hc[..., None])[..., 0]
-    beta = torch.where(torch.isfinite(beta).all(-1, keepdim=True), beta, 0.0)
+    beta = _cpu_bs._slope(yr, hb, fin)
     top = (hb - (yr @ beta[..., None])[..., 0]).amax(-1) + fin.sum(-1).double().log()
     return lse, top, beta, centre
 
@@ -259,10 +234,6 @@ def block_pairs(ox: _Order, oy: _Order, hs: torch.Tensor, eps: float, p: int):
 
 
 # -------------------------------------------------------------------------------------------- passes
-def _batched(B, *ts):
-    return tuple(t if B is not None else t.unsqueeze(0) for t in ts)
-
-
 def _setup(x, y, h, eps, p):
     """(ox, oy, hs2, offs, cblk, prm) for a block-sparse pass on (B, ...) operands, or None when the dense
     Triton pass runs (see the module docstring)."""
@@ -277,11 +248,7 @@ def _setup(x, y, h, eps, p):
     _cpu_bs._last_kept = frac
     if offs is None:
         return None
-    prm = torch.empty(2, dtype=x.dtype, device=x.device)
-    prm[0].fill_(_LOG2E / eps)
-    prm[1].fill_(eps * _LN2)
-    hs2 = (hs.to(x.dtype) * _LOG2E).contiguous()
-    return ox, oy, hs2, offs, cblk, prm
+    return ox, oy, _dense._h2(hs, x.dtype), offs, cblk, _dense._prm(x, eps)
 
 
 def _launch(kernel, setup, out, p, block_n, block_m, **const):
@@ -295,7 +262,7 @@ def _launch(kernel, setup, out, p, block_n, block_m, **const):
 def _prepare(x, y, h, eps, p):
     """(B or None for unbatched operands, batched x, the pass's setup or None for the dense pass)."""
     B = _cpu_bs._check(x, y, h, p)
-    xb, yb, hb = _batched(B, x, y, h)
+    xb, yb, hb = cpu_ops._batched(B, x, y, h)
     return B, xb, _setup(xb, yb, hb, eps, p)
 
 
