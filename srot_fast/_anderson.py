@@ -22,7 +22,9 @@ def _identity(t: torch.Tensor) -> torch.Tensor:
 class Plain:
     """Plain alternating Sinkhorn: g <- T(g) (frozen where ``done``)."""
 
-    def step(self, g, g_hat, err, done):
+    by_value = False
+
+    def step(self, g, g_hat, err, done, value=None):
         return torch.where(done[:, None], g, g_hat)
 
     def subset(self, idx: torch.Tensor) -> "Plain":
@@ -39,13 +41,17 @@ class Anderson:
     normal equations, in float64, with a relative ridge of 1e-10). The history is a ring buffer of DEPTH + 1
     slots, so an update costs O((DEPTH + 1) M) and a handful of tensor operations for the whole batch.
     Safeguard: where the marginal error rose above twice its best value (or is NaN), the plain step T(g) is
-    taken and that problem's history restarts. Residuals count on points of positive weight only (``mask``
+    taken and that problem's history restarts -- unless ``by_value`` and the (B,) dual objective passed to
+    :meth:`step` is at its best so far: the iterate then made progress on the objective Sinkhorn maximises
+    and is kept. Unbalanced and partial OT use ``by_value``; balanced OT keeps the error test alone
+    (measured, docs/DESIGN.md, Acceleration). Residuals count on points of positive weight only (``mask``
     (B, M)), so zero-weight padding changes nothing. ``rank_sum`` completes sums over points taken on one
     shard of a sharded geometry (the identity otherwise)."""
 
     def __init__(self, batch: int, like: torch.Tensor, mask: torch.Tensor, depth: int = DEPTH,
-                 rank_sum=_identity):
+                 rank_sum=_identity, by_value: bool = False):
         self.depth = depth
+        self.by_value = by_value
         self.rank_sum = rank_sum
         self.mask = mask.double()
         self.images = None  # (B, depth + 1, M) float64 T(g_i), a ring buffer (allocated at the first step)
@@ -53,18 +59,24 @@ class Anderson:
         self.slot = 0       # where the next entry goes
         self.valid = like.new_zeros((batch, depth + 1), dtype=torch.bool)  # (B, depth + 1) slots since restart
         self.best = like.new_full((batch,), math.inf, dtype=torch.float64)  # (B,) smallest error seen
+        self.top = like.new_full((batch,), -math.inf, dtype=torch.float64)  # (B,) largest dual objective seen
 
     def subset(self, idx: torch.Tensor) -> "Anderson":
         """The state of problems ``idx`` (int64 (K,)), for a smaller batch that goes on from here."""
-        out = Anderson(int(idx.numel()), self.best, self.mask[idx], self.depth, self.rank_sum)
+        out = Anderson(int(idx.numel()), self.best, self.mask[idx], self.depth, self.rank_sum, self.by_value)
         if self.images is not None:
             out.images, out.resid = self.images[idx], self.resid[idx]
-        out.slot, out.valid, out.best = self.slot, self.valid[idx], self.best[idx]
+        out.slot, out.valid, out.best, out.top = self.slot, self.valid[idx], self.best[idx], self.top[idx]
         return out
 
-    def step(self, g, g_hat, err, done):
-        """(B, M) next g from the current g, its image g_hat = T(g) and the (B,) marginal error at g."""
+    def step(self, g, g_hat, err, done, value=None):
+        """(B, M) next g from the current g, its image g_hat = T(g), the (B,) marginal error at g and, when
+        ``by_value``, the (B,) float64 dual objective at g (``value``)."""
         bad = ~(err <= 2 * self.best)
+        if self.by_value:
+            rising = value >= self.top  # False where value is NaN
+            bad = err.isnan() | (bad & ~rising)
+            self.top = torch.maximum(self.top, value.nan_to_num(-math.inf))
         self.best = torch.minimum(self.best, err.nan_to_num(math.inf))
         if self.images is None:
             self.images = g.new_zeros((g.shape[0], self.depth + 1, g.shape[1]), dtype=torch.float64)

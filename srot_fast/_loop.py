@@ -257,7 +257,9 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         mask = log_b > -math.inf
         if rebalance is not None:  # the dummy point stays out of the least squares (every rank holds a copy)
             mask[:, -1] = False
-        stepper = Anderson(batch, f, mask, rank_sum=_rank_sum(geom)) if accelerate else Plain()
+        unbalanced = rebalance is not None or not (pen_a.balanced and pen_b.balanced)
+        stepper = (Anderson(batch, f, mask, rank_sum=_rank_sum(geom), by_value=unbalanced) if accelerate
+                   else Plain())
     vtest = _ValueTest(value_tol) if vtest is None else vtest
     checks = _Checks(f.device, check_every)
     done = torch.zeros(batch, dtype=torch.bool, device=f.device)
@@ -269,8 +271,9 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     while True:  # ``steps``: updates at the target eps, carried over by _compact (the value test's windows)
         f_hat = pen_a.aprox(s, eps)
         err = marginal_error(log_a, f, s, f_hat, eps, psum) / mass_a
-        if vtest.due(steps):
-            value = dual_value(log_a, log_b, f_hat, g, s, pen_a, pen_b, eps, psum)
+        read = vtest.due(steps)  # the value test, and Anderson's safeguard on unbalanced problems, use D
+        value = dual_value(log_a, log_b, f_hat, g, s, pen_a, pen_b, eps, psum) if read or stepper.by_value else None
+        if read:
             done = done | (vtest.passed(value) & (err <= VALUE_SPAN * tol))
         done = done | (err <= tol)
         n_fin = checks.poll(it, max_iter, done, err, tol)
@@ -283,7 +286,7 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
                                 checks.syncs)
         f = torch.where(done[:, None], f, f_hat)
         t = geom.softmin_y(log_a + f / eps, eps)
-        g = stepper.step(g, pen_b.aprox(t, eps), err, done)
+        g = stepper.step(g, pen_b.aprox(t, eps), err, done, value)
         s = geom.softmin_x(log_b + g / eps, eps)
         if rebalance is not None:
             f, g, s = rebalance(f, g, log_b, eps, log_a)
