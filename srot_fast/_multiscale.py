@@ -26,7 +26,8 @@ so that A_I exp(-U_I / eps_s) = sum_{i in I} a_i exp(-u_i / eps_s): at eps_s the
 exactly what its points would at a common cost. The minimum of u would let one cheap point make a whole
 cell of outliers look cheap; the mean would hide it.
 
-Used when the geometry's primitives are the block-sparse backend's, the points have d <= 3, one problem
+Used when the geometry's primitives are the block-sparse backend's (CPU tensors: the C++ passes; CUDA tensors:
+the Triton ones; the cells are built in torch on the points' device), the points have d <= 3, one problem
 (a batch takes the ordinary schedule), ``tol`` is set (``tol=None`` keeps GeomLoss's fixed schedule
 unchanged), no warm start is given, N M >= ``MIN_PAIRS`` and the cell pairs are at most a quarter of the
 point pairs. Otherwise :func:`alternating` and :func:`symmetric` are those of :mod:`srot_fast._loop`.
@@ -74,8 +75,8 @@ class _Cells:
 
 def _cell_lse(t: torch.Tensor, of: torch.Tensor, k: int) -> torch.Tensor:
     """(K,) log-sum-exp of t over each cell."""
-    top = torch.full((k,), -math.inf, dtype=t.dtype).scatter_reduce(0, of, t, "amax")
-    s = torch.zeros(k, dtype=t.dtype).index_add_(0, of, (t - top[of]).exp())
+    top = torch.full((k,), -math.inf, dtype=t.dtype, device=t.device).scatter_reduce(0, of, t, "amax")
+    s = torch.zeros(k, dtype=t.dtype, device=t.device).index_add_(0, of, (t - top[of]).exp())
     return top + s.log()
 
 
@@ -96,7 +97,7 @@ def _cells(pts: torch.Tensor, log_w: torch.Tensor, lo: torch.Tensor, w: float) -
         return None
     p64 = pts[0].double()
     q = ((p64 - lo) / w).floor().clamp_(0, 2**20).long()
-    key = torch.zeros(q.shape[0], dtype=torch.int64)
+    key = torch.zeros(q.shape[0], dtype=torch.int64, device=q.device)
     for k in range(q.shape[1]):
         key = key * (2**21) + q[:, k]
     _, inv = torch.unique(key[keep], return_inverse=True)
@@ -104,9 +105,9 @@ def _cells(pts: torch.Tensor, log_w: torch.Tensor, lo: torch.Tensor, w: float) -
     lw = log_w[0][keep].double()
     top = lw.max()
     wt = (lw - top).exp()  # weights rescaled by their largest (no underflow of tiny weights' sums)
-    mass = torch.zeros(k_cells, dtype=torch.float64).index_add_(0, inv, wt)
-    centre = torch.zeros(k_cells, pts.shape[-1], dtype=torch.float64).index_add_(0, inv, wt[:, None] * p64[keep])
-    of = torch.full((pts.shape[1],), -1, dtype=torch.int64)
+    mass = p64.new_zeros(k_cells).index_add_(0, inv, wt)
+    centre = p64.new_zeros(k_cells, pts.shape[-1]).index_add_(0, inv, wt[:, None] * p64[keep])
+    of = torch.full((pts.shape[1],), -1, dtype=torch.int64, device=pts.device)
     of[keep] = inv
     return _Cells(of, (centre / mass[:, None]).to(pts.dtype)[None], (mass.log() + top).to(log_w.dtype)[None])
 
@@ -128,8 +129,7 @@ def _applies(geom, eps_list, tol, init) -> bool:
     if real is None or tol is None or init is not None or len(eps_list) < 2:
         return False
     g = real[0]
-    return (g.ops is blocksparse and g.x.device.type == "cpu" and g.batch == 1 and 1 <= g.x.shape[-1] <= 3
-            and g.n * g.m >= MIN_PAIRS)
+    return g.ops is blocksparse and g.batch == 1 and 1 <= g.x.shape[-1] <= 3 and g.n * g.m >= MIN_PAIRS
 
 
 def _coarse_len(eps_list, p: int, w: float) -> int:

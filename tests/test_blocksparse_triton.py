@@ -197,3 +197,34 @@ def test_cuda_tensors_may_take_blocksparse():
     assert backends.resolve_backend("blocksparse", 10**4, 10**4, cuda) == "blocksparse"
     with pytest.raises(ValueError, match="backend='cpu' needs CPU tensors"):
         backends.resolve_backend("cpu", 10**4, 10**4, cuda)
+
+
+@pytest.mark.skipif(not cpu_ops.available(), reason="the reference solve needs the compiled cpu kernel")
+@pytest.mark.parametrize("cfg", ["kl_soft", "partial_soft"])
+def test_coarse_start_on_the_triton_passes(cfg, monkeypatch, _force_sparse):
+    """The coarse-to-fine start (srot_fast/_multiscale.py) with the Triton kernels (what CUDA tensors get): cells,
+    lift and fine passes through them reach the fixed point of the ordinary schedule on the same passes (values
+    within 1e-8 relative at tol 1e-7, as tests/test_multiscale.py)."""
+    from srot_fast import _multiscale as ms
+    from srot_fast import sinkhorn
+
+    monkeypatch.setattr(bs, "_on_gpu", lambda t: tbs)  # CPU tensors through the CUDA path's kernels
+    g = torch.Generator().manual_seed(31)
+    x, y = _islands(192, 2, g), _islands(128, 2, g, shift=0.02)
+    a = torch.rand(192, generator=g, dtype=DT) + 0.5
+    b = torch.rand(128, generator=g, dtype=DT) + 0.5
+    u, v = 0.5 * torch.rand(192, generator=g, dtype=DT), 0.5 * torch.rand(128, generator=g, dtype=DT)
+    kw = dict(CONFIGS[cfg])
+    kw.pop("offsets", None)
+    cells = []
+    real = ms._cells
+    monkeypatch.setattr(ms, "_cells", lambda *args: cells.append(1) or real(*args))
+    out = {}
+    for on in (False, True):
+        monkeypatch.setattr(ms, "MIN_PAIRS", 0 if on else 1 << 62)
+        cells.clear()
+        out[on] = sinkhorn(x, y, a / a.sum(), b / b.sum(), p=2, eps=0.2**2, u=u, v=v, tol=1e-7, max_iter=3000,
+                           backend="blocksparse", **kw)
+        assert bool(cells) == on
+    assert out[True].converged and out[False].converged
+    torch.testing.assert_close(out[True].value, out[False].value, rtol=1e-8, atol=0)

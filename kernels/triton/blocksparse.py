@@ -40,7 +40,8 @@ Caution:
       pair, per pass, in torch; there are no row bounds for wide blocks (the C++ path's second sweep).
     - Outputs carry no autograd graph; an all ``-inf`` row of ``h`` gives ``+inf`` / NaN / 0 as the dense
       kernels do.
-    - The coarse-to-fine start of :mod:`srot_fast._multiscale` runs on CPU tensors only.
+    - The coarse-to-fine start of :mod:`srot_fast._multiscale` (cells in torch on the device) uses these
+      passes for the cells, the lift and the points alike.
 """
 from __future__ import annotations
 
