@@ -3,10 +3,12 @@ r"""Coarse-to-fine start of eps-scaling for the block-sparse backend (docs/DESIG
 A block-sparse pass drops nothing while eps is large against the data, so the first steps of eps-scaling
 would run dense at O(N M). Here they run on cells instead:
 
-1. **Cells.** The points of positive weight fall into the cells of one uniform grid of width ``w`` over the
-   bounding box of both clouds, chosen so that the larger cloud has about ``RATIO`` points per cell
-   (w = side / ceil((max(N, M) / RATIO)^(1/d))). A cell carries the sum of its weights, A_I = sum_{i in I} a_i,
-   and their weighted centroid X_I.
+1. **Cells.** The points of positive weight fall into the cells of one uniform grid of width ``w`` from the
+   lower corner of both clouds' points of positive weight, chosen so that the larger cloud has about ``RATIO``
+   points per cell (w = side / ceil((max(N, M) / RATIO)^(1/d))). A cell carries the sum of its weights,
+   A_I = sum_{i in I} a_i, and their weighted centroid X_I. In a batch every problem has its own corner and
+   cells, the width is the largest problem's, and the cell problems are padded to a common count with cells
+   of weight zero.
 2. **Coarse solve.** eps-scaling runs on the cells (the same penalties, mass and acceleration; the cell
    problem gets a coarse start of its own when it is still large) for every eps of the schedule with
    eps^(1/p) >= ``SWITCH`` w, the last one at least kept for the points, and is solved loosely (relative
@@ -27,10 +29,10 @@ exactly what its points would at a common cost. The minimum of u would let one c
 cell of outliers look cheap; the mean would hide it.
 
 Used when the geometry's primitives are the block-sparse backend's (CPU tensors: the C++ passes; CUDA tensors:
-the Triton ones; the cells are built in torch on the points' device), the points have d <= 3, one problem
-(a batch takes the ordinary schedule), ``tol`` is set (``tol=None`` keeps GeomLoss's fixed schedule
-unchanged), no warm start is given, N M >= ``MIN_PAIRS`` and the cell pairs are at most a quarter of the
-point pairs. Otherwise :func:`alternating` and :func:`symmetric` are those of :mod:`srot_fast._loop`.
+the Triton ones; the cells are built in torch on the points' device), the points have d <= 3, ``tol`` is set
+(``tol=None`` keeps GeomLoss's fixed schedule unchanged), no warm start is given, N M >= ``MIN_PAIRS``, every
+problem has points of positive weight and the cell pairs are at most a quarter of the point pairs. Otherwise
+:func:`alternating` and :func:`symmetric` are those of :mod:`srot_fast._loop`.
 ``n_iter`` and ``passes`` of the result count the updates and passes on the points (the lift counts as one
 update of two passes), not those on the cells.
 """
@@ -55,61 +57,78 @@ SCALE_TOL, SCALE_CAP = _loop.SCALE_TOL, _loop.SCALE_CAP
 
 @dataclasses.dataclass
 class _Cells:
-    """The cells of one cloud: ``of`` (N,) int64 cell of each point (-1: zero weight, in no cell), ``pts``
-    (1, K, D) weighted centroids (the points' dtype), ``log_w`` (1, K) log of the summed weights (the
-    log-weights' dtype)."""
+    """The cells of B clouds: ``of`` (B, N) int64 cell of each point in its problem (-1: zero weight, in no
+    cell), ``pts`` (B, K, D) weighted centroids (the points' dtype), ``log_w`` (B, K) log of the summed weights
+    (the log-weights' dtype). K is the largest problem's cell count; a problem with fewer cells is padded
+    with cells of weight zero (log-weight -inf) at its first cell's centroid, neutral in every pass."""
 
     of: torch.Tensor
     pts: torch.Tensor
     log_w: torch.Tensor
 
     def offsets(self, u: Optional[torch.Tensor], log_a: torch.Tensor, eps: float) -> Optional[torch.Tensor]:
-        """(1, K) cell offsets U_I = -eps log sum_{i in I} (a_i / A_I) exp(-u_i / eps) for point offsets u
-        (1, N) and log-weights log_a (1, N); None without offsets."""
+        """(B, K) cell offsets U_I = -eps log sum_{i in I} (a_i / A_I) exp(-u_i / eps) for point offsets u
+        (B, N) and log-weights log_a (B, N) (0 on padding cells); None without offsets."""
         if u is None:
             return None
         keep = self.of >= 0
-        t = (log_a[0] - u[0] / eps)[keep].double()
-        return (-eps * (_cell_lse(t, self.of[keep], self.pts.shape[1]) - self.log_w[0].double()))[None].to(u.dtype)
+        b, k = self.log_w.shape
+        flat = keep.nonzero()[:, 0] * k + self.of[keep]  # cell index in the whole batch
+        t = (log_a - u / eps)[keep].double()
+        lse = _cell_lse(t, flat, b * k).view(b, k)
+        out = -eps * (lse - self.log_w.double())
+        return torch.where(self.log_w > -math.inf, out, torch.zeros_like(out)).to(u.dtype)
 
 
 def _cell_lse(t: torch.Tensor, of: torch.Tensor, k: int) -> torch.Tensor:
-    """(K,) log-sum-exp of t over each cell."""
+    """(K,) log-sum-exp of t over each cell (-inf for a cell without points)."""
     top = torch.full((k,), -math.inf, dtype=t.dtype, device=t.device).scatter_reduce(0, of, t, "amax")
     s = torch.zeros(k, dtype=t.dtype, device=t.device).index_add_(0, of, (t - top[of]).exp())
     return top + s.log()
 
 
-def _grid(x: torch.Tensor, y: torch.Tensor) -> tuple:
-    """(lo (D,), w) of the common grid: ``RATIO`` points of the larger cloud per cell on a full grid."""
-    both = torch.cat([x[0], y[0]]).double()
-    lo = both.amin(0)
-    side = float((both.amax(0) - lo).max())
+def _grid(x: torch.Tensor, y: torch.Tensor, log_a: torch.Tensor, log_b: torch.Tensor) -> tuple:
+    """(lo (B, D), w) of the grids: each problem's lower corner of its points of positive weight, one common
+    width (the largest problem's), with ``RATIO`` points of the larger cloud per cell on a full grid."""
+    both = torch.cat([x, y], 1).double()
+    keep = torch.cat([log_a, log_b], 1)[..., None] > -math.inf
+    lo = both.masked_fill(~keep, math.inf).amin(1)
+    side = float((both.masked_fill(~keep, -math.inf).amax(1) - lo).amax())
     d = x.shape[-1]
     per_side = math.ceil((max(x.shape[1], y.shape[1]) / RATIO) ** (1.0 / d))
     return lo, max(side, 1e-300) / max(per_side, 1)
 
 
 def _cells(pts: torch.Tensor, log_w: torch.Tensor, lo: torch.Tensor, w: float) -> Optional[_Cells]:
-    """The cells of pts (1, N, D) with log-weights log_w (1, N); None if no point has positive weight."""
-    keep = log_w[0] > -math.inf
-    if not bool(keep.any()):
+    """The cells of pts (B, N, D) with log-weights log_w (B, N) on the grids (lo (B, D), w); None if a problem
+    has no point of positive weight."""
+    keep = log_w > -math.inf
+    if not bool(keep.any(-1).all()):
         return None
-    p64 = pts[0].double()
-    q = ((p64 - lo) / w).floor().clamp_(0, 2**20).long()
-    key = torch.zeros(q.shape[0], dtype=torch.int64, device=q.device)
-    for k in range(q.shape[1]):
-        key = key * (2**21) + q[:, k]
-    _, inv = torch.unique(key[keep], return_inverse=True)
-    k_cells = int(inv.max()) + 1
-    lw = log_w[0][keep].double()
-    top = lw.max()
-    wt = (lw - top).exp()  # weights rescaled by their largest (no underflow of tiny weights' sums)
-    mass = p64.new_zeros(k_cells).index_add_(0, inv, wt)
-    centre = p64.new_zeros(k_cells, pts.shape[-1]).index_add_(0, inv, wt[:, None] * p64[keep])
-    of = torch.full((pts.shape[1],), -1, dtype=torch.int64, device=pts.device)
-    of[keep] = inv
-    return _Cells(of, (centre / mass[:, None]).to(pts.dtype)[None], (mass.log() + top).to(log_w.dtype)[None])
+    bsz, n, d = pts.shape
+    p64 = pts.double()
+    q = ((p64 - lo[:, None]) / w).floor().clamp_(0, 2**20).long()
+    base = int(q.max()) + 1
+    key = torch.arange(bsz, device=pts.device)[:, None].expand(bsz, n)
+    for k in range(d):
+        key = key * base + q[..., k]
+    uniq, inv = torch.unique(key[keep], return_inverse=True)  # sorted: each problem's cells are contiguous
+    owner = uniq // base**d                                    # (K_all,) problem of each cell
+    counts = torch.bincount(owner, minlength=bsz)
+    local = inv - (counts.cumsum(0) - counts)[owner[inv]]      # cell index within its problem
+    k_cells = int(counts.max())
+    rows = keep.nonzero()[:, 0]
+    top = log_w.double().masked_fill(~keep, -math.inf).amax(-1)
+    wt = (log_w[keep].double() - top[rows]).exp()  # weights rescaled by their problem's largest
+    mass = p64.new_zeros(bsz, k_cells).index_put_((rows, local), wt, accumulate=True)
+    centre = p64.new_zeros(bsz, k_cells, d).index_put_((rows, local), wt[:, None] * p64[keep], accumulate=True)
+    real = torch.arange(k_cells, device=pts.device) < counts[:, None]
+    centre = centre / mass.clamp_min(1e-300)[..., None]
+    centre = torch.where(real[..., None], centre, centre[:, :1])
+    log_mass = torch.where(real, mass.log() + top[:, None], torch.full_like(mass, -math.inf))
+    of = torch.full((bsz, n), -1, dtype=torch.int64, device=pts.device)
+    of[keep] = local
+    return _Cells(of, centre.to(pts.dtype), log_mass.to(log_w.dtype))
 
 
 def _real(geom):
@@ -129,7 +148,7 @@ def _applies(geom, eps_list, tol, init) -> bool:
     if real is None or tol is None or init is not None or len(eps_list) < 2:
         return False
     g = real[0]
-    return g.ops is blocksparse and g.batch == 1 and 1 <= g.x.shape[-1] <= 3 and g.n * g.m >= MIN_PAIRS
+    return g.ops is blocksparse and 1 <= g.x.shape[-1] <= 3 and g.n * g.m >= MIN_PAIRS
 
 
 def _coarse_len(eps_list, p: int, w: float) -> int:
@@ -163,7 +182,7 @@ def alternating(geom, log_a, log_b, pen_a, pen_b, eps_list, tol, max_iter, init=
     eps_list = _loop.fit_schedule(eps_list, max(max_iter, 1))
     la, la_dummy = _split(log_a, partial)
     lb, lb_dummy = _split(log_b, partial)
-    lo, w = _grid(real.x, real.y)
+    lo, w = _grid(real.x, real.y, la, lb)
     k = _coarse_len(eps_list, real.p, w)
     cx, cy = _cells(real.x, la, lo, w), _cells(real.y, lb, lo, w)
     if k < 1 or cx is None or cy is None or 4 * cx.pts.shape[1] * cy.pts.shape[1] > real.n * real.m:
@@ -202,7 +221,7 @@ def symmetric(geom, log_a, pen, eps_list, tol, max_iter, init=None, check_every=
     if not _applies(geom, eps_list, tol, init) or _real(geom)[1] is not None:
         return _loop.symmetric(*plain, **kw)
     eps_list = _loop.fit_schedule(eps_list, max(max_iter, 1))
-    lo, w = _grid(geom.x, geom.x)
+    lo, w = _grid(geom.x, geom.x, log_a, log_a)
     k = _coarse_len(eps_list, geom.p, w)
     cx = _cells(geom.x, log_a, lo, w)
     if k < 1 or cx is None or 4 * cx.pts.shape[1] ** 2 > geom.n * geom.m:

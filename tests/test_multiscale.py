@@ -117,13 +117,37 @@ def test_self_transport_debiased_loss(coarse):
     torch.testing.assert_close(out[True][1], out[False][1], rtol=0, atol=1e-4 * float(out[False][1].abs().max()))
 
 
+@pytest.mark.parametrize("cfg", ["kl_soft", "partial_soft"])
+def test_batch(cfg, coarse):
+    """A batch of three problems: two scales (the grids share the larger width) and one ragged problem padded
+    with zero-weight points far away (outside its grid's corner: neutral). Same fixed point as the ordinary
+    schedule, problem by problem."""
+    probs = [_data(50 + k) for k in range(3)]
+    x1, y1, a1, b1, u1, v1 = probs[1]
+    probs[1] = (0.5 * x1, 0.5 * y1 - 1.0, a1, b1, 0.25 * u1, 0.25 * v1)
+    x2, y2, a2, b2, u2, v2 = (t.clone() for t in probs[2])
+    a2[-200:], b2[-100:] = 0.0, 0.0
+    x2[-200:], y2[-100:] = 100.0, -100.0
+    probs[2] = (x2, y2, a2 / a2.sum(), b2 / b2.sum(), u2, v2)
+    X, Y, A, B, U, V = (torch.stack(t) for t in zip(*probs))
+    kw = dict(CONFIGS[cfg])
+    kw.pop("offsets")
+    out = {}
+    for on in (False, True):
+        calls = coarse(on)
+        out[on] = sinkhorn(X, Y, A, B, p=2, eps=0.2**2, u=U, v=V, tol=1e-7, max_iter=3000, backend="blocksparse",
+                           **kw)
+        assert bool(calls) == on
+    assert out[True].converged.all() and out[False].converged.all()
+    torch.testing.assert_close(out[True].value, out[False].value, rtol=1e-8, atol=0)
+    assert (out[True].n_iter < out[False].n_iter).any()  # the start changed the path
+
+
 def test_not_used_where_it_must_not(coarse):
-    """Batches, tol=None (GeomLoss's fixed schedule), warm starts and the dense backends keep the ordinary
-    schedule: identical results, no cells."""
+    """tol=None (GeomLoss's fixed schedule), warm starts and the dense backends keep the ordinary schedule:
+    identical results, no cells."""
     x, y, a, b, _, _ = _data(40)
     calls = coarse(True)
-    sinkhorn(torch.stack([x, x]), torch.stack([y, y]), torch.stack([a, a]), torch.stack([b, b]), p=2, eps=0.04,
-             tol=1e-3, backend="blocksparse")
     r1 = sinkhorn(x, y, a, b, p=2, eps=0.04, tol=None, backend="blocksparse")
     sinkhorn(x, y, a, b, p=2, eps=0.04, tol=1e-3, backend="blocksparse", init=(r1.f, r1.g))
     sinkhorn(x, y, a, b, p=2, eps=0.04, tol=1e-3, backend="cpu")
@@ -139,13 +163,13 @@ def test_cell_offsets_are_weighted_soft_min():
     x = torch.rand(1, 500, 2, generator=g, dtype=DT)
     a = torch.rand(1, 500, generator=g, dtype=DT)
     u = torch.rand(1, 500, generator=g, dtype=DT)
-    cells = ms._cells(x, a.log(), torch.zeros(2, dtype=DT), 0.25)
+    cells = ms._cells(x, a.log(), torch.zeros(1, 2, dtype=DT), 0.25)
     assert cells.pts.shape[1] == 16
     torch.testing.assert_close(cells.log_w.exp().sum(), a.sum(), rtol=1e-13, atol=0)
     eps = 0.1
     got = cells.offsets(u, a.log(), eps)[0]
     for k in range(16):
-        mine = cells.of == k
+        mine = cells.of[0] == k
         want = -eps * torch.log((a[0, mine] / a[0, mine].sum() * torch.exp(-u[0, mine] / eps)).sum())
         torch.testing.assert_close(got[k], want, rtol=1e-12, atol=1e-14)
         assert (x[0, mine] // 0.25 == x[0, mine][0] // 0.25).all()  # one grid cell
