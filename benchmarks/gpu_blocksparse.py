@@ -1,13 +1,17 @@
 """Block-sparse Triton passes against the dense Triton backend on a CUDA device (2-D and 3-D, small blur).
 
-    python benchmarks/gpu_blocksparse.py [--sizes 100000 1000000] [--d 2 3] [--p 1 2] [--iters 20] [--out F.json]
+    python benchmarks/gpu_blocksparse.py [--sizes 100000 1000000] [--d 2 3] [--p 1 2] [--iters 20]
+                                         [--cold-sizes 100000 1000000] [--out F.json]
     python benchmarks/gpu_blocksparse.py --dry-run      # CPU, TRITON_INTERPRET=1, tiny sizes: checks the script
 
 Problem: x uniform in the unit cube [0, 1]^d, y uniform in [0.1, 1.1] x [0, 1]^(d-1), float32, uniform weights,
 blur = 0.01 x bounding-box diagonal, eps = blur**p, balanced OT. For each case: a loss + gradient (w.r.t. x) of
 ``sinkhorn(..., tol=1e-300, max_iter=iters)`` on ``backend='triton'`` and on ``backend='blocksparse'`` (equal updates,
-eps-scaling included), their times, the value difference and the largest gradient difference; then one soft-min
-pass at the solved potentials on each backend, with the fraction of pairs the block-sparse pass kept. Writes
+eps-scaling included, the coarse-to-fine start off), their times, the value difference and the largest gradient
+difference; then one soft-min pass at the solved potentials on each backend, with the fraction of pairs the
+block-sparse pass kept. Then, for each ``--cold-sizes`` n and d (p = 2), a cold loss + gradient to
+``tol=1e-3, value_tol=1e-4`` on both backends (the block-sparse one with its coarse-to-fine start), with
+updates, passes, times and the value difference (both stop at tol 1e-3: ~1e-5 agreement expected). Writes
 ``blocksparse.json`` to ``--out`` (default ``$OUT`` or the current folder), rewritten after every case.
 """
 from __future__ import annotations
@@ -28,6 +32,7 @@ def _parse(argv):
     ap.add_argument("--d", type=int, nargs="+", default=[2, 3])
     ap.add_argument("--p", type=int, nargs="+", default=[2, 1])
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--cold-sizes", type=int, nargs="*", default=[100_000])
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--out", default=None)
     return ap.parse_args(argv)
@@ -37,12 +42,13 @@ def main(argv=None) -> int:
     args = _parse(argv)
     if args.dry_run:
         os.environ.setdefault("TRITON_INTERPRET", "1")
-        args.sizes, args.d, args.iters = [256], [2], 2
+        args.sizes, args.d, args.iters, args.cold_sizes = [256], [2], 2, [256]
     import torch
     from srot_fast.kernels import blocksparse as bs
     from srot_fast.kernels.triton import blocksparse as tbs
     from srot_fast.kernels.triton import launchers
 
+    from srot_fast import _multiscale as ms
     from srot_fast import sinkhorn
     from srot_fast.geometry import bbox_diameter
 
@@ -53,6 +59,7 @@ def main(argv=None) -> int:
     elif not torch.cuda.is_available():
         print("needs a CUDA device (or --dry-run)", file=sys.stderr)
         return 2
+    coarse_min_pairs = 0 if args.dry_run else ms.MIN_PAIRS
 
     def sync():
         if dev == "cuda":
@@ -63,16 +70,26 @@ def main(argv=None) -> int:
                 device=torch.cuda.get_device_name() if dev == "cuda" else "cpu (TRITON_INTERPRET=1)",
                 torch=torch.__version__, argv=sys.argv[1:])
     rows = []
+
+    def clouds(n, d, p):
+        gen = torch.Generator(device=dev).manual_seed(0)
+        x = torch.rand(n, d, device=dev, generator=gen)
+        y = torch.rand(n, d, device=dev, generator=gen)
+        y[:, 0] += 0.1
+        return x, y, (0.01 * bbox_diameter(x, y)) ** p
+
+    def save(row):
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        with open(out, "w") as fh:
+            json.dump(dict(meta=meta, rows=rows), fh, indent=1)
+
+    ms.MIN_PAIRS = 1 << 62  # equal updates: the ordinary schedule on both backends
     for n in args.sizes:
         for d in args.d:
             for p in args.p:
-                gen = torch.Generator(device=dev).manual_seed(0)
-                x = torch.rand(n, d, device=dev, generator=gen)
-                y = torch.rand(n, d, device=dev, generator=gen)
-                y[:, 0] += 0.1
-                diam = bbox_diameter(x, y)
-                eps = (0.01 * diam) ** p
-                row = dict(n=n, d=d, p=p, eps=eps, iters=args.iters)
+                x, y, eps = clouds(n, d, p)
+                row = dict(kind="equal_updates", n=n, d=d, p=p, eps=eps, iters=args.iters)
                 res = {}
                 for backend in ("triton", "blocksparse"):
                     xg = x.clone().requires_grad_()
@@ -101,10 +118,27 @@ def main(argv=None) -> int:
                 row["kept_fraction"] = bs.last_kept_fraction()
                 row["pass_speedup"] = row["dense_pass_s"] / row["sparse_pass_s"]
                 row["solve_speedup"] = row["triton_s"] / row["blocksparse_s"]
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-                with open(out, "w") as fh:
-                    json.dump(dict(meta=meta, rows=rows), fh, indent=1)
+                save(row)
+    ms.MIN_PAIRS = coarse_min_pairs  # cold solves: the block-sparse one takes the coarse-to-fine start
+    for n in args.cold_sizes:
+        for d in args.d:
+            x, y, eps = clouds(n, d, 2)
+            row = dict(kind="cold", n=n, d=d, p=2, eps=eps, tol=1e-3, value_tol=1e-4)
+            values = {}
+            for backend in ("triton", "blocksparse"):
+                xg = x.clone().requires_grad_()
+                sync()
+                t0 = time.perf_counter()
+                r = sinkhorn(xg, y, p=2, eps=eps, tol=1e-3, value_tol=1e-4, backend=backend)
+                torch.autograd.grad(r.value, xg)
+                sync()
+                row[f"{backend}_s"] = time.perf_counter() - t0
+                row[f"{backend}_updates"], row[f"{backend}_passes"] = int(r.n_iter), int(r.passes)
+                row[f"{backend}_converged"] = bool(r.converged)
+                values[backend] = float(r.value.detach())
+            row["value_rel_diff"] = abs(values["blocksparse"] - values["triton"]) / abs(values["triton"])
+            row["solve_speedup"] = row["triton_s"] / row["blocksparse_s"]
+            save(row)
     return 0
 
 
