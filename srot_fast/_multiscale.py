@@ -108,7 +108,7 @@ def _cells(pts: torch.Tensor, log_w: torch.Tensor, lo: torch.Tensor, w: float) -
     bsz, n, d = pts.shape
     p64 = pts.double()
     q = ((p64 - lo[:, None]) / w).floor().clamp_(0, 2**20).long()
-    base = int(q.max()) + 1
+    base = int(q[keep].max()) + 1  # <= cells per side + 1 (points of zero weight may lie anywhere)
     key = torch.arange(bsz, device=pts.device)[:, None].expand(bsz, n)
     for k in range(d):
         key = key * base + q[..., k]

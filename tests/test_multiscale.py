@@ -143,6 +143,31 @@ def test_batch(cfg, coarse):
     assert (out[True].n_iter < out[False].n_iter).any()  # the start changed the path
 
 
+def test_batched_cells_in_3d():
+    """Cells of a batch of 9 problems in 3-D, each with zero-weight points far outside its box: every problem's
+    cells hold its own points, their masses sum to its mass, padding cells weigh nothing."""
+    g = torch.Generator().manual_seed(8)
+    x = torch.rand(9, 300, 3, generator=g, dtype=DT) * torch.arange(1, 10, dtype=DT)[:, None, None]
+    a = torch.rand(9, 300, generator=g, dtype=DT)
+    a[:, -20:] = 0.0
+    x[:, -20:] = 1e9
+    la = a.log()
+    lo, w = ms._grid(x, x, la, la)
+    kept = x[:, :-20]
+    torch.testing.assert_close(lo, kept.amin(1), rtol=0, atol=0)  # the corner of the points of positive weight
+    side = float((kept.amax(1) - kept.amin(1)).amax())
+    assert w == pytest.approx(side / 5, rel=1e-12)  # the largest problem's side / ceil((300 / 4)^(1/3))
+    cells = ms._cells(x, la, lo, w)
+    assert (cells.of[:, -20:] == -1).all() and (cells.of[:, :-20] >= 0).all()
+    torch.testing.assert_close(cells.log_w.exp().sum(-1), a.sum(-1), rtol=1e-13, atol=0)
+    for k in range(9):
+        used = cells.of[k][cells.of[k] >= 0].unique()
+        assert torch.equal(used, torch.arange(len(used)))       # cells 0..K_k-1, the rest padding
+        assert torch.isneginf(cells.log_w[k, len(used):]).all()
+        mine = cells.of[k] == 0
+        torch.testing.assert_close(cells.pts[k, 0], (a[k, mine, None] * x[k, mine]).sum(0) / a[k, mine].sum())
+
+
 def test_not_used_where_it_must_not(coarse):
     """tol=None (GeomLoss's fixed schedule), warm starts and the dense backends keep the ordinary schedule:
     identical results, no cells."""
