@@ -168,6 +168,24 @@ def test_batched_cells_in_3d():
         torch.testing.assert_close(cells.pts[k, 0], (a[k, mine, None] * x[k, mine]).sum(0) / a[k, mine].sum())
 
 
+def test_batched_debiased_loss(coarse):
+    """SROTLoss with debias=True on a batch of two problems at two scales: the batched self-transport solves
+    take the coarse start too; same values and gradients as the ordinary schedule."""
+    d0, d1 = _data(30), _data(31)
+    X, Y = torch.stack([d0[0], 0.5 * d1[0]]), torch.stack([d0[1], 0.5 * d1[1]])
+    A, B = torch.stack([d0[2], d1[2]]), torch.stack([d0[3], d1[3]])
+    out = {}
+    for on in (False, True):
+        calls = coarse(on)
+        xx = X.clone().requires_grad_()
+        loss = SROTLoss(p=2, blur=0.2, reach=1.0, backend="blocksparse", tol=1e-7, value_tol=None, max_iter=3000)
+        value = loss(A, xx, B, Y)
+        out[on] = (value.detach(), torch.autograd.grad(value.sum(), xx)[0], list(calls))
+    assert len(out[True][2]) >= 4 and out[False][2] == []
+    torch.testing.assert_close(out[True][0], out[False][0], rtol=1e-7, atol=1e-10)
+    torch.testing.assert_close(out[True][1], out[False][1], rtol=0, atol=1e-4 * float(out[False][1].abs().max()))
+
+
 def test_not_used_where_it_must_not(coarse):
     """tol=None (GeomLoss's fixed schedule), warm starts and the dense backends keep the ordinary schedule:
     identical results, no cells."""
