@@ -43,10 +43,10 @@ class Anderson:
     Safeguard: where the marginal error rose above twice its best value (or is NaN), the plain step T(g) is
     taken and that problem's history restarts -- unless ``by_value`` and the (B,) dual objective passed to
     :meth:`step` is at its best so far: the iterate then made progress on the objective Sinkhorn maximises
-    and is kept. Unbalanced and partial OT use ``by_value``; balanced OT keeps the error test alone
-    (measured, docs/DESIGN.md, Acceleration). Residuals count on points of positive weight only (``mask``
-    (B, M)), so zero-weight padding changes nothing. ``rank_sum`` completes sums over points taken on one
-    shard of a sharded geometry (the identity otherwise)."""
+    and is kept. Unbalanced OT and partial OT with cost offsets use ``by_value``; balanced OT and partial OT
+    without offsets keep the error test alone (measured, docs/DESIGN.md, Acceleration). Residuals count on
+    points of positive weight only (``mask`` (B, M)), so zero-weight padding changes nothing. ``rank_sum``
+    completes sums over points taken on one shard of a sharded geometry (the identity otherwise)."""
 
     def __init__(self, batch: int, like: torch.Tensor, mask: torch.Tensor, depth: int = DEPTH,
                  rank_sum=_identity, by_value: bool = False):

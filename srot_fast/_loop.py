@@ -257,8 +257,10 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         mask = log_b > -math.inf
         if rebalance is not None:  # the dummy point stays out of the least squares (every rank holds a copy)
             mask[:, -1] = False
-        unbalanced = rebalance is not None or not (pen_a.balanced and pen_b.balanced)
-        stepper = (Anderson(batch, f, mask, rank_sum=_rank_sum(geom), by_value=unbalanced) if accelerate
+        real = getattr(geom, "real", geom)  # partial OT: the geometry of the real points
+        offsets = getattr(real, "u", None) is not None or getattr(real, "v", None) is not None
+        by_value = not (pen_a.balanced and pen_b.balanced) or (rebalance is not None and offsets)
+        stepper = (Anderson(batch, f, mask, rank_sum=_rank_sum(geom), by_value=by_value) if accelerate
                    else Plain())
     vtest = _ValueTest(value_tol) if vtest is None else vtest
     checks = _Checks(f.device, check_every)
@@ -271,7 +273,7 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     while True:  # ``steps``: updates at the target eps, carried over by _compact (the value test's windows)
         f_hat = pen_a.aprox(s, eps)
         err = marginal_error(log_a, f, s, f_hat, eps, psum) / mass_a
-        read = vtest.due(steps)  # the value test, and Anderson's safeguard on unbalanced problems, use D
+        read = vtest.due(steps)  # the value test and, where by_value, Anderson's safeguard use D
         value = dual_value(log_a, log_b, f_hat, g, s, pen_a, pen_b, eps, psum) if read or stepper.by_value else None
         if read:
             done = done | (vtest.passed(value) & (err <= VALUE_SPAN * tol))
