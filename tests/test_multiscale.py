@@ -102,16 +102,22 @@ def test_other_dimensions(d, coarse):
     torch.testing.assert_close(got.value, want.value, rtol=1e-8, atol=0)
 
 
-def test_self_transport_debiased_loss(coarse):
-    """SROTLoss with debias=True (the self-transport solves take the symmetric coarse start too)."""
+@pytest.mark.parametrize("batched", [False, True])
+def test_self_transport_debiased_loss(batched, coarse):
+    """SROTLoss with debias=True (the self-transport solves take the symmetric coarse start too), on one problem
+    and on a batch of two problems at two scales: same values and gradients as the ordinary schedule."""
     x, y, a, b, _, _ = _data(30)
+    if batched:
+        d1 = _data(31)
+        x, y = torch.stack([x, 0.5 * d1[0]]), torch.stack([y, 0.5 * d1[1]])
+        a, b = torch.stack([a, d1[2]]), torch.stack([b, d1[3]])
     out = {}
     for on in (False, True):
         calls = coarse(on)
         xx = x.clone().requires_grad_()
         loss = SROTLoss(p=2, blur=0.2, reach=1.0, backend="blocksparse", tol=1e-7, value_tol=None, max_iter=3000)
         value = loss(a, xx, b, y)
-        out[on] = (value.detach(), torch.autograd.grad(value, xx)[0], len(calls))
+        out[on] = (value.detach(), torch.autograd.grad(value.sum(), xx)[0], len(calls))
     assert out[True][2] >= 4 and out[False][2] == 0  # cells of x and y, then of x and of y alone
     torch.testing.assert_close(out[True][0], out[False][0], rtol=1e-7, atol=1e-10)
     torch.testing.assert_close(out[True][1], out[False][1], rtol=0, atol=1e-4 * float(out[False][1].abs().max()))
@@ -166,24 +172,6 @@ def test_batched_cells_in_3d():
         assert torch.isneginf(cells.log_w[k, len(used):]).all()
         mine = cells.of[k] == 0
         torch.testing.assert_close(cells.pts[k, 0], (a[k, mine, None] * x[k, mine]).sum(0) / a[k, mine].sum())
-
-
-def test_batched_debiased_loss(coarse):
-    """SROTLoss with debias=True on a batch of two problems at two scales: the batched self-transport solves
-    take the coarse start too; same values and gradients as the ordinary schedule."""
-    d0, d1 = _data(30), _data(31)
-    X, Y = torch.stack([d0[0], 0.5 * d1[0]]), torch.stack([d0[1], 0.5 * d1[1]])
-    A, B = torch.stack([d0[2], d1[2]]), torch.stack([d0[3], d1[3]])
-    out = {}
-    for on in (False, True):
-        calls = coarse(on)
-        xx = X.clone().requires_grad_()
-        loss = SROTLoss(p=2, blur=0.2, reach=1.0, backend="blocksparse", tol=1e-7, value_tol=None, max_iter=3000)
-        value = loss(A, xx, B, Y)
-        out[on] = (value.detach(), torch.autograd.grad(value.sum(), xx)[0], list(calls))
-    assert len(out[True][2]) >= 4 and out[False][2] == []
-    torch.testing.assert_close(out[True][0], out[False][0], rtol=1e-7, atol=1e-10)
-    torch.testing.assert_close(out[True][1], out[False][1], rtol=0, atol=1e-4 * float(out[False][1].abs().max()))
 
 
 def test_not_used_where_it_must_not(coarse):
