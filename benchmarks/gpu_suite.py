@@ -21,7 +21,8 @@ that a run cut short still leaves what it measured:
                   "tf32x3" (the default), forward-only times and one pass of each primitive -- flash-sinkhorn is
                   skipped with the reason when not importable;
 - ``flow``:       a 2-D gradient flow of ``--flow-n`` (100k) points for ``--flow-steps`` (400) steps of
-                  x <- x - lr * grad / a with SROTLoss(p=2, blur=0.05, debias=False): GeomLoss's pass budget
+                  x <- x - lr * grad / a with SROTLoss(p=2, blur=0.05, debias=False) on ``--flow-backend``
+                  ('auto'; 'blocksparse' for the block-sparse passes): GeomLoss's pass budget
                   per step, or with ``--flow-tol`` each step solved to that tolerance (warm-started), with
                   the updates, kernel passes and host syncs per solve; stops at its budget and extrapolates;
 - ``keops_diag``: KeOps' health check, the CUDA libraries it can see and a one-formula probe in a subprocess
@@ -405,9 +406,10 @@ def _tuned_configs():
 
 
 def section_flow(args) -> dict:
-    """x <- x - lr * grad_x L / a_i for ``flow_steps`` steps, SROTLoss(p=2, blur=0.05) on 'auto', GeomLoss's
-    kernel-pass budget per step (``max_iter = len(eps_list)``: 2 L + 4 soft-min passes as GeomLoss's L updates +
-    last extrapolation, then one weighted-mean pass for the gradient), no warm start."""
+    """x <- x - lr * grad_x L / a_i for ``flow_steps`` steps, SROTLoss(p=2, blur=0.05) on ``--flow-backend``,
+    GeomLoss's kernel-pass budget per step (``max_iter = len(eps_list)``: 2 L + 4 soft-min passes as GeomLoss's
+    L updates + last extrapolation, then one weighted-mean pass for the gradient), no warm start; with ``--flow-tol``
+    each step to that tolerance, warm-started."""
     import warnings
 
     import torch
@@ -425,10 +427,11 @@ def section_flow(args) -> dict:
     x, y = x.to(device), y.to(device)
     iters = len(epsilon_schedule(2, bbox_diameter(x, y), 0.05, 0.5))  # 2 L + 4 passes, GeomLoss's count
     if args.flow_tol:  # each step solved to tol, warm-started from the previous step's potentials
-        loss = SROTLoss(p=2, blur=0.05, scaling=0.5, backend="auto", tol=args.flow_tol, max_iter=2000,
+        loss = SROTLoss(p=2, blur=0.05, scaling=0.5, backend=args.flow_backend, tol=args.flow_tol, max_iter=2000,
                         debias=False, warm_start=True)
     else:
-        loss = SROTLoss(p=2, blur=0.05, scaling=0.5, backend="auto", tol=1e-30, max_iter=iters, debias=False)
+        loss = SROTLoss(p=2, blur=0.05, scaling=0.5, backend=args.flow_backend, tol=1e-30, max_iter=iters,
+                        debias=False)
     lr = 0.05
     times, n_iters, passes, syncs, errors = [], [], [], [], []
     start = time.perf_counter()
@@ -512,6 +515,7 @@ def main(argv=None) -> int:
     ap.add_argument("--flow-n", type=int, default=100000)
     ap.add_argument("--flow-steps", type=int, default=400)
     ap.add_argument("--flow-tol", type=float, default=None, help="solve each flow step to this tolerance")
+    ap.add_argument("--flow-backend", default="auto", help="backend of the flow's solves (e.g. 'blocksparse')")
     ap.add_argument("--flash-tf32", action="store_true", help="also time flash-sinkhorn with its TF32 default")
     ap.add_argument("--wheels", default=None, help="folder with a flash_sinkhorn wheel to pip install (offline)")
     ap.add_argument("--logdir", default=None, help="subprocess output and the tests' JUnit XML (default: beside --out)")

@@ -1,6 +1,7 @@
 """The block-sparse Triton kernels (kernels/triton/blocksparse.py) against the dense paths, in float64.
 
-Under ``TRITON_INTERPRET=1`` on CPU (or on a GPU). Same bounds and tolerances as tests/test_blocksparse.py
+Under ``TRITON_INTERPRET=1`` on CPU; on a CUDA machine the inputs go to the GPU (``ON``) and the kernels run
+compiled, against the same CPU float64 references. Same bounds and tolerances as tests/test_blocksparse.py
 (its module docstring): primitives within the truncation bound plus 1e-12 of the cost scale, solves within
 atol = rtol = 1e-9 of the dense ``cpu`` backend at the same fixed number of updates. Pruning is forced on these
 small problems (``MIN_PAIRS = 0``, ``DENSE_FRACTION = 2``); the interpreter is slow, so the problems are a few
@@ -22,6 +23,32 @@ triton = pytest.importorskip("triton")
 tbs = pytest.importorskip("srot_fast.kernels.triton.blocksparse")
 
 DT = torch.float64
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class ON:
+    """The block-sparse Triton module with its inputs moved to ``DEV`` and its outputs back to the CPU."""
+
+    @staticmethod
+    def _call(fn, *args):
+        out = fn(*(t.to(DEV) if torch.is_tensor(t) else t for t in args))
+        return out.cpu()
+
+    softmin = staticmethod(lambda *a: ON._call(tbs.softmin, *a))
+    weighted_mean = staticmethod(lambda *a: ON._call(tbs.weighted_mean, *a))
+    plan_argmax = staticmethod(lambda *a: ON._call(tbs.plan_argmax, *a))
+    max_cost = staticmethod(lambda *a: ON._call(tbs.max_cost, *a))
+
+
+def _through_triton(monkeypatch):
+    """Solves on 'blocksparse' take the Triton kernels: CUDA tensors do by themselves; on CPU (interpreter) the
+    CPU tensors are routed to them."""
+    if DEV.type == "cpu":
+        monkeypatch.setattr(bs, "_on_gpu", lambda t: tbs)
+
+
+def _to_dev(data):
+    return tuple(t.to(DEV) for t in data)
 pytestmark = [
     pytest.mark.triton,
     pytest.mark.filterwarnings("ignore:Sinkhorn stopped at max_iter"),
@@ -64,7 +91,7 @@ def test_primitives_match_dense(d, p, _force_sparse):
     y[5] = x[7]  # a coincident pair: the p = 1 kink
     h = -math.log(256) + 0.5 * torch.randn(256, generator=g, dtype=DT)
     h[::13] = -math.inf
-    _check_primitives(x, y, h, 0.05**p, p, ops=tbs)
+    _check_primitives(x, y, h, 0.05**p, p, ops=ON)
     assert min(_force_sparse) < 0.5
 
 
@@ -76,7 +103,7 @@ def test_potential_like_weights(_force_sparse):
     eps = 0.02**2
     pot = -0.4 * ((y - 4.5) ** 2).sum(-1) + 0.3 * y[:, 0] + 0.01 * torch.randn(256, generator=g, dtype=DT)
     h = -math.log(256) + pot / eps
-    _check_primitives(x, y, h, eps, 2, ops=tbs)
+    _check_primitives(x, y, h, eps, 2, ops=ON)
     assert min(_force_sparse) < 0.9
 
 
@@ -111,14 +138,14 @@ def test_float32_and_batch(_force_sparse):
     h = -math.log(192) + 0.3 * torch.randn(2, 192, generator=g, dtype=DT)
     h[1, :] = -math.inf
     eps = 0.03**2
-    out = tbs.softmin(x, y, h, eps, 2)
-    wm = tbs.weighted_mean(x, y, h, eps, 2, "grad")
-    arg = tbs.plan_argmax(x, y, h, eps, 2)
+    out = ON.softmin(x, y, h, eps, 2)
+    wm = ON.weighted_mean(x, y, h, eps, 2, "grad")
+    arg = ON.plan_argmax(x, y, h, eps, 2)
     assert torch.isposinf(out[1]).all() and wm[1].isnan().all() and (arg[1] == 0).all()
-    torch.testing.assert_close(out[0], tbs.softmin(x[0], y[0], h[0], eps, 2), rtol=1e-13, atol=1e-13)
-    torch.testing.assert_close(wm[0], tbs.weighted_mean(x[0], y[0], h[0], eps, 2, "grad"), rtol=1e-13, atol=1e-13)
-    assert torch.equal(arg[0], tbs.plan_argmax(x[0], y[0], h[0], eps, 2))
-    out32 = tbs.softmin(x[0].float(), y[0].float(), h[0].float(), eps, 2)
+    torch.testing.assert_close(out[0], ON.softmin(x[0], y[0], h[0], eps, 2), rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(wm[0], ON.weighted_mean(x[0], y[0], h[0], eps, 2, "grad"), rtol=1e-13, atol=1e-13)
+    assert torch.equal(arg[0], ON.plan_argmax(x[0], y[0], h[0], eps, 2))
+    out32 = ON.softmin(x[0].float(), y[0].float(), h[0].float(), eps, 2)
     torch.testing.assert_close(out32.double(), out[0], rtol=1e-5, atol=1e-5)
     assert min(_force_sparse) < 0.9
 
@@ -130,7 +157,7 @@ def test_hard_case_primitives(case):
     x, y, h = _hard(case, torch.Generator().manual_seed(HARD.index(case)))
     x, y, h = x[:300], y[:260], h[:260]
     for eps in (0.02**2, 1e3):
-        _check_primitives(x, y, h, eps, 2, ops=tbs)
+        _check_primitives(x, y, h, eps, 2, ops=ON)
 
 
 @pytest.mark.parametrize("p", [1, 2])
@@ -179,15 +206,15 @@ def test_solve_matches_dense(cfg, p, monkeypatch, _force_sparse):
     s_y = torch.rand(192, generator=g, dtype=DT) * 0.98 + 0.01
     data = (x, y, a / a.sum(), b / b.sum(), s_x, s_y)
     ref_res, ref_grads = _solve("cpu", CONFIGS[cfg], p, data, 12)
-    monkeypatch.setattr(bs, "_on_gpu", lambda t: tbs)  # CPU tensors through the CUDA path's kernels
+    _through_triton(monkeypatch)
     _force_sparse.clear()
-    res, grads = _solve("blocksparse", CONFIGS[cfg], p, data, 12)
-    assert res.n_iter == ref_res.n_iter
+    res, grads = _solve("blocksparse", CONFIGS[cfg], p, _to_dev(data), 12)
+    assert res.n_iter == ref_res.n_iter and res.f.device == DEV
     for name in ("value", "f", "g", "row_mass", "col_mass"):
-        torch.testing.assert_close(getattr(res, name).detach(), getattr(ref_res, name).detach(), atol=1e-9,
+        torch.testing.assert_close(getattr(res, name).detach().cpu(), getattr(ref_res, name).detach(), atol=1e-9,
                                    rtol=1e-9, msg=name)
     for name, got, want in zip("xyab", grads, ref_grads):
-        torch.testing.assert_close(got, want, atol=1e-9, rtol=1e-9, msg=f"d value / d {name}")
+        torch.testing.assert_close(got.cpu(), want, atol=1e-9, rtol=1e-9, msg=f"d value / d {name}")
     assert _force_sparse and min(_force_sparse) < 0.6
 
 
@@ -208,12 +235,13 @@ def test_coarse_start_on_the_triton_passes(cfg, monkeypatch, _force_sparse):
     from srot_fast import _multiscale as ms
     from srot_fast import sinkhorn
 
-    monkeypatch.setattr(bs, "_on_gpu", lambda t: tbs)  # CPU tensors through the CUDA path's kernels
+    _through_triton(monkeypatch)
     g = torch.Generator().manual_seed(31)
     x, y = _islands(192, 2, g), _islands(128, 2, g, shift=0.02)
     a = torch.rand(192, generator=g, dtype=DT) + 0.5
     b = torch.rand(128, generator=g, dtype=DT) + 0.5
     u, v = 0.5 * torch.rand(192, generator=g, dtype=DT), 0.5 * torch.rand(128, generator=g, dtype=DT)
+    x, y, a, b, u, v = _to_dev((x, y, a, b, u, v))
     kw = dict(CONFIGS[cfg])
     kw.pop("offsets", None)
     cells = []
