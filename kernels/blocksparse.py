@@ -257,10 +257,12 @@ def _slope(xc: torch.Tensor, v: torch.Tensor, fin: torch.Tensor) -> torch.Tensor
     xm = (xc - (xc * w[..., None]).sum(-2, keepdim=True) / cnt[..., None]) * w[..., None]
     vm = (vf - (vf * w).sum(-1, keepdim=True) / cnt) * w
     gram = xm.transpose(-1, -2) @ xm
-    ridge = 1e-12 * gram.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(1e-300)
+    # the ridge's floor stays a normal float64: a subnormal one reads as a zero pivot to the CUDA solver
+    ridge = (1e-12 * gram.diagonal(dim1=-2, dim2=-1).sum(-1)).clamp_min(1e-200)
     eye = torch.eye(xc.shape[-1], dtype=torch.float64, device=xc.device)
-    out = torch.linalg.solve(gram + ridge[..., None, None] * eye, xm.transpose(-1, -2) @ vm[..., None])[..., 0]
-    return torch.where(torch.isfinite(out).all(-1, keepdim=True), out, 0.0)
+    out, info = torch.linalg.solve_ex(gram + ridge[..., None, None] * eye, xm.transpose(-1, -2) @ vm[..., None])
+    out = out[..., 0]
+    return torch.where(torch.isfinite(out).all(-1, keepdim=True) & (info == 0)[..., None], out, 0.0)
 
 
 # ------------------------------------------------------------------------------------------- pruning

@@ -273,6 +273,27 @@ def test_dense_fallbacks(monkeypatch, _force_sparse):
     torch.testing.assert_close(bs.max_cost(x4, y4, 1), ref.max_cost(x4, y4, 1))
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device"))])
+def test_slope_of_degenerate_blocks(device):
+    """The least-squares slope behind the p = 2 trend bound: a block with one finite weight or with every weight
+    -inf gets the slope 0 (not an error: the CUDA solver once refused the zero Gram matrix), one with all its
+    points equal a finite slope (any slope gives valid bounds), a regular block the least-squares fit."""
+    g = _gen(8)
+    xc = torch.randn(4, 64, 2, generator=g, dtype=DT)
+    v = torch.randn(4, 64, generator=g, dtype=DT)
+    v[0, 1:] = -math.inf  # one finite weight
+    v[1] = -math.inf  # none
+    xc[2] = xc[2, :1]  # all points equal
+    v[3] = xc[3] @ torch.tensor([2.0, -3.0], dtype=DT) + 0.01 * torch.randn(64, generator=g, dtype=DT)
+    xc, v = xc.to(device), v.to(device)
+    out = bs._slope(xc, v, torch.isfinite(v)).cpu()
+    assert torch.equal(out[:2], torch.zeros(2, 2, dtype=DT)) and torch.isfinite(out[2]).all()
+    xm = xc[3].cpu() - xc[3].cpu().mean(0)
+    want = torch.linalg.lstsq(xm, v[3].cpu() - v[3].cpu().mean()).solution
+    torch.testing.assert_close(out[3], want, rtol=1e-9, atol=1e-12)
+
+
 def test_ordering_cache_sees_writes_through_data():
     """A write through ``.data`` does not bump the version counter; the cache compares contents, so the next
     pass uses the new points."""

@@ -15,6 +15,7 @@ import pytest
 import torch
 from srot_fast.kernels import blocksparse as bs
 from srot_fast.kernels import cpu_ops
+from srot_fast.kernels.tensorized import softmin as ref_softmin
 from test_blocksparse import CONFIGS, HARD, _check_primitives, _clusters, _hard, _solve
 
 from srot_fast import backends
@@ -193,6 +194,21 @@ def test_block_pairs_guarantee(p, super_, monkeypatch):
     assert frac == pytest.approx(mask.double().mean().item(), rel=1e-12)
 
 
+def test_large_eps_falls_back_at_the_super_block_level(monkeypatch):
+    """At an eps far larger than the data every super-block pair is kept: the pruning returns the dense
+    fallback before testing any block pair, and the pass equals the dense reference."""
+    monkeypatch.setattr(bs, "DENSE_FRACTION", 0.5)
+    calls = []
+    real = tbs._candidates
+    monkeypatch.setattr(tbs, "_candidates", lambda *a: calls.append(1) or real(*a))
+    g = torch.Generator().manual_seed(6)
+    x, y = _islands(320, 2, g), _islands(256, 2, g, shift=0.02)
+    h = torch.full((256,), -math.log(256), dtype=DT)
+    ox, oy = tbs._order(x[None]), tbs._order(y[None])
+    assert tbs.block_pairs(ox, oy, h[None], 1e4, 2) == (None, None, 1.0) and not calls
+    torch.testing.assert_close(ON.softmin(x, y, h, 1e4, 2), ref_softmin(x, y, h, 1e4, 2), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.skipif(not cpu_ops.available(), reason="the reference solve needs the compiled cpu kernel")
 @pytest.mark.parametrize("cfg,p", [("kl_soft", 2), ("partial_soft", 1)])
 def test_solve_matches_dense(cfg, p, monkeypatch, _force_sparse):
@@ -209,7 +225,7 @@ def test_solve_matches_dense(cfg, p, monkeypatch, _force_sparse):
     _through_triton(monkeypatch)
     _force_sparse.clear()
     res, grads = _solve("blocksparse", CONFIGS[cfg], p, _to_dev(data), 12)
-    assert res.n_iter == ref_res.n_iter and res.f.device == DEV
+    assert res.n_iter == ref_res.n_iter and res.f.device.type == DEV.type
     for name in ("value", "f", "g", "row_mass", "col_mass"):
         torch.testing.assert_close(getattr(res, name).detach().cpu(), getattr(ref_res, name).detach(), atol=1e-9,
                                    rtol=1e-9, msg=name)

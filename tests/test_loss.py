@@ -270,8 +270,10 @@ def test_loss_passes_precision_to_the_triton_launchers(monkeypatch):
     s_x, s_y = torch.rand(18, generator=g), torch.rand(15, generator=g)
     kw = dict(p=2, blur=4.0, reach=8.0, strategy="soft", tol=1e-6)
     want = SROTLoss(backend="tensorized", **kw)(x.double(), y.double(), scores=(s_x, s_y))
-    got = SROTLoss(backend="triton", precision="ieee", autotune=False, **kw)(x, y, scores=(s_x, s_y))
-    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=0)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # CPU tensors only under the interpreter
+    got = SROTLoss(backend="triton", precision="ieee", autotune=False, **kw)(x.to(dev), y.to(dev),
+                                                                           scores=(s_x.to(dev), s_y.to(dev)))
+    torch.testing.assert_close(got.double().cpu(), want, rtol=1e-5, atol=0)
     assert {"softmin_fwd", "max_sq_fwd"} <= {name for name, _, _ in seen}
     assert all(prec == "ieee" for _, prec, _ in seen), seen
     with pytest.raises(ValueError, match="precision must be one of"):

@@ -31,9 +31,10 @@ of each row block form a CSR list (int64 offsets and block indices, sorted; O(ke
 of :mod:`.sparse_kernels` stream each row block over them.
 
 When pruning does not pay: problems with N M below ``blocksparse.MIN_PAIRS``, d > 3, float16 / bfloat16
-points, or a pass that keeps more than ``blocksparse.DENSE_FRACTION`` of the pairs run the dense Triton
-kernels instead (``THRESHOLD``, ``MIN_PAIRS`` and ``DENSE_FRACTION`` are read from
-:mod:`srot_fast.kernels.blocksparse` at each call).
+points, or a pass that keeps more than ``blocksparse.DENSE_FRACTION`` of the pairs (judged first on the kept
+super-block pairs, an upper bound, then on the kept block pairs) run the dense Triton kernels instead
+(``THRESHOLD``, ``MIN_PAIRS`` and ``DENSE_FRACTION`` are read from :mod:`srot_fast.kernels.blocksparse` at each
+call).
 
 Caution:
     - The pruning costs O((N / 1024) (M / 1024)) super-block tests plus 256 block tests per kept super-block
@@ -197,7 +198,8 @@ def block_pairs(ox: _Order, oy: _Order, hs: torch.Tensor, eps: float, p: int):
     pairs exceed ``DENSE_FRACTION`` of N M (the dense pass runs). ``hs`` (B, M) the log-weights in the sorted
     column order. Two levels, each with half the budget THRESHOLD: super-block pairs (all of them), then the
     block pairs inside the kept super-block pairs (in chunks; L_I over those candidates, a subset of the
-    columns, so still a lower bound)."""
+    columns, so still a lower bound). When the kept super-block pairs already hold more than ``DENSE_FRACTION``
+    of the pairs, the block level is skipped and the dense pass runs."""
     B, nrb, ncb = hs.shape[0], ox.nblk, oy.nblk
     n, m = ox.pts.shape[1], oy.pts.shape[1]
     rs, cs = ox.supers(), oy.supers()
@@ -207,8 +209,12 @@ def block_pairs(ox: _Order, oy: _Order, hs: torch.Tensor, eps: float, p: int):
     limit = _cpu_bs.DENSE_FRACTION * B * n * m
     rows_all, cols_all = [], []
     kept = 0.0
-    for b in range(B):
-        sp = _super_pairs(rs, cs, sstats, b, eps, p, log_half - math.log(cs.n))
+    sps = [_super_pairs(rs, cs, sstats, b, eps, p, log_half - math.log(cs.n)) for b in range(B)]
+    # the kept super-block pairs bound the kept pairs from above: past the limit, the dense pass runs without
+    # the block-level test (at large eps, early in eps-scaling, that test would cost more than the dense pass)
+    if sum(float((rs.sizes[sp[:, 0]] * cs.sizes[sp[:, 1]]).sum()) for sp in sps) > limit:
+        return None, None, 1.0
+    for b, sp in enumerate(sps):
         chunk = max(1, _CHUNK // (SUPER * SUPER * rb.lo.shape[-1]))
         best = torch.full((nrb,), -math.inf, dtype=torch.float64, device=hs.device)
         for sweep in (0, 1):  # 0: L_I over the candidates; 1: the drop test
