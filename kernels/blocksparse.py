@@ -26,8 +26,8 @@ At p = 2 a second upper bound removes the linear trend of h inside J (h = log b 
 target): with top_J = max_{j in J} [h_j - beta_J . (y_j - c_J)] + log |J| (beta_J the least-squares slope of h
 over J, c_J the box centre, |J| its columns of finite h), LSE_{j in J} [h_j - beta_J . (y_j - c_J)] <= top_J and
 U_IJ <= top_J + max over x in box I, y in box J of beta_J . (y - c_J) - |x - y|^2 / (2 eps), a separable
-concave maximisation. J is dropped for I when U_IJ < L_I + log(THRESHOLD / 2) - log(number of column
-blocks). The same test runs first on super-block pairs (with the number of column super-blocks; the lower
+concave maximisation. J is dropped for I when U_IJ < L_I + log(THRESHOLD / 2) - REUSE_SLACK - log(number of
+column blocks). The same test runs first on super-block pairs (with the number of column super-blocks; the lower
 bound of a row super-block also takes the min over its blocks of their L_I against the four most promising
 column super-blocks), then on the blocks of the kept super-block pairs, each level with half the budget.
 Row bounds for wide blocks: when a row block is wide against eps (the cost across the median block's diagonal
@@ -67,6 +67,13 @@ passes (the solver passes the same x and y hundreds of times): a least-recently-
 entries, looked up by data pointer, shape, strides and dtype and used only if the stored copy of the points
 equals the tensor (an O(N D) comparison per pass; version counters alone miss writes through ``.data``).
 :func:`clear_cache` empties it.
+
+Reuse across passes. Consecutive passes of a solve see the same points and eps and an h that changes less and
+less. Every pruning is made with a margin of ``REUSE_SLACK`` (2) nats and stored on the row ordering with its h;
+a later pass with the same column ordering, eps, p and settings, the same -inf entries of h, and a drift
+h - h_ref spanning at most ``REUSE_SLACK`` nats in each problem (max_j - min_j) takes the stored column lists
+(or dense decision) without pruning: its block bounds rose by at most the drift's maximum and the rows' LSE fell
+by at most its minimum, so the margin covers them and the guarantee stands. The check costs O(M) per pass.
 
 Memory: O(B (N + M) D) for the sorted copies and boxes, plus the kept column ranges (at most one per kept
 block pair) -- never an N x M or blocks x blocks buffer.
@@ -110,6 +117,7 @@ TIGHTEN_ABOVE = 0.02  # box bounds kept more than this fraction of the pairs ...
 WIDE = 16.0  # ... and the median row block spans more than this cost / eps: a second sweep with row bounds
 MIN_PAIRS = 1 << 18  # N M below this: dense pass
 CACHE_SIZE = 8
+REUSE_SLACK = 2.0  # nats of margin in every pruning: its kept lists hold while h drifts by less (see _reuse)
 
 _lock = threading.Lock()
 _cache: "OrderedDict[tuple, _Order]" = OrderedDict()
@@ -208,6 +216,7 @@ class _Order:
         self.slo = _super(self.lo, math.inf).amin(2).contiguous()  # super-block boxes
         self.shi = _super(self.hi, -math.inf).amax(2).contiguous()
         self._yt = None
+        self.pruned = None  # the last pruning with these points as rows (see _reuse)
 
     def pts64(self):
         """(B, N, D) float64 sorted points."""
@@ -245,6 +254,36 @@ def _cached(t: torch.Tensor, build, cache: "OrderedDict") -> object:
 
 def _order(t: torch.Tensor) -> _Order:
     return _cached(t, _Order, _cache)
+
+
+def _reuse(ox, oy, hs: torch.Tensor, eps: float, p: int, extra: tuple = ()):
+    """The pruning stored on the row order ``ox`` by :func:`_remember`, if it was made for the same column
+    order, eps, p and settings and still holds for the sorted log-weights ``hs`` (B, M); else None. It holds
+    when h has the same -inf entries and, in each problem, h - h_ref spans at most ``REUSE_SLACK``
+    (max_j - min_j): every block upper bound then rose by at most max_j (h - h_ref)_j and every row's LSE fell
+    by at most -min_j (h - h_ref)_j, so a drop decided with a margin of ``REUSE_SLACK`` nats still meets the
+    guarantee. A stored decision to run the dense pass is reused alike (the dense pass is exact)."""
+    entry = ox.pruned
+    if entry is None or entry[0] is not oy or entry[1] != _settings(eps, p, extra) or entry[2].shape != hs.shape:
+        return None
+    ref, fin, result = entry[2:]
+    now = torch.isfinite(hs)
+    if not torch.equal(now, fin):
+        return None
+    drift = hs.double() - ref
+    span = torch.where(now, drift, -math.inf).amax(1) - torch.where(now, drift, math.inf).amin(1)
+    return result if bool((span <= REUSE_SLACK).all()) else None
+
+
+def _remember(ox, oy, hs: torch.Tensor, eps: float, p: int, result, extra: tuple = ()) -> None:
+    """Store ``result`` (a pruning of rows ``ox`` against columns ``oy`` at the log-weights ``hs``) on ``ox``."""
+    ox.pruned = (oy, _settings(eps, p, extra), hs.double().clone(), torch.isfinite(hs), result)
+
+
+def _settings(eps: float, p: int, extra: tuple) -> tuple:
+    """What a pruning depends on besides the points and h: eps, p, the module settings (read at each call) and
+    the caller's ``extra`` ones."""
+    return (float(eps), p, THRESHOLD, DENSE_FRACTION, TIGHTEN_ABOVE, WIDE, REUSE_SLACK, *extra)
 
 
 def _slope(xc: torch.Tensor, v: torch.Tensor, fin: torch.Tensor) -> torch.Tensor:
@@ -324,7 +363,7 @@ def _prune(lib, ox: _Order, oy: _Order, hs: Optional[torch.Tensor], eps: float, 
     offs = torch.empty(B * ox.nblk + 1, dtype=torch.int64)
     kept = torch.zeros(1, dtype=torch.float64)
     key = (B, ox.nblk, oy.nblk)
-    log_thr = math.log(THRESHOLD)
+    log_thr = math.log(THRESHOLD) - (REUSE_SLACK if hs is not None else 0.0)
     lrow = None
     wide = (ox.diag if p == 1 else 0.5 * ox.diag ** 2) > WIDE * eps
     while True:
@@ -380,7 +419,13 @@ def _sparse_setup(x, y, h, eps, p):
     threads = cpu_ops._threads(B * n, m, x.shape[2])
     ox, oy = _order(x), _order(y)
     hs = None if h is None else h.detach().gather(1, oy.perm).contiguous()
-    offs, rng, frac = _prune(lib, ox, oy, hs, eps, p, threads)
+    hit = None if hs is None else _reuse(ox, oy, hs, eps, p)
+    if hit is None:
+        hit = _prune(lib, ox, oy, hs, eps, p, threads)
+        if hs is not None:
+            _remember(ox, oy, hs, eps, p, hit)
+    offs, rng, frac = hit
+    _last_kept = frac
     if h is not None and frac > DENSE_FRACTION:
         _last_kept = 1.0
         return None

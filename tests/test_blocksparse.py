@@ -273,6 +273,39 @@ def test_dense_fallbacks(monkeypatch, _force_sparse):
     torch.testing.assert_close(bs.max_cost(x4, y4, 1), ref.max_cost(x4, y4, 1))
 
 
+@pytest.mark.parametrize("p", [1, 2])
+def test_pruning_is_reused_while_h_drifts_less_than_the_slack(p, monkeypatch, _force_sparse):
+    """A pass whose h differs from the last pruned one (same points, eps, settings) by a drift spanning at most
+    REUSE_SLACK nats reuses that pruning, and every primitive stays within the stated bound -- also for a drift
+    that lifts the far half of the columns and lowers the near half by (almost) the full slack; a wider drift,
+    a new -inf entry or another THRESHOLD prune again."""
+    calls = []
+    real = bs._prune
+    monkeypatch.setattr(bs, "_prune", lambda *a: calls.append(a[3] is not None) or real(*a))
+    lse_prunes = lambda: sum(calls)  # noqa: E731  (max_cost's prunings have no h and are not reused)
+    g = _gen(40 + p)
+    x, y = _clusters(1500, 2, g), _clusters(1300, 2, g, 0.2)
+    eps = 0.05**p
+    h = -math.log(1300) + 0.5 * torch.randn(1300, generator=g, dtype=DT)
+    bs.softmin(x, y, h, eps, p)
+    assert lse_prunes() == 1 and bs.last_kept_fraction() < 0.9
+    near = torch.cdist(y, x).amin(1) < torch.cdist(y, x).amin(1).median()
+    s = bs.REUSE_SLACK
+    for drift in (s * (torch.rand(1300, generator=g, dtype=DT) - 0.5) + 7.0,
+                  torch.where(near, -0.4995 * s, 0.4995 * s).to(DT)):
+        _check_primitives(x, y, h + drift, eps, p)
+    assert lse_prunes() == 1
+    bs.softmin(x, y, h + 1.5 * s * torch.rand(1300, generator=g, dtype=DT), eps, p)
+    assert lse_prunes() == 2
+    h_inf = h.clone()
+    h_inf[3] = -math.inf
+    bs.softmin(x, y, h_inf, eps, p)
+    assert lse_prunes() == 3
+    monkeypatch.setattr(bs, "THRESHOLD", 1e-6)
+    bs.softmin(x, y, h_inf, eps, p)
+    assert lse_prunes() == 4
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device"))])
 def test_slope_of_degenerate_blocks(device):

@@ -15,6 +15,7 @@ import pytest
 import torch
 from srot_fast.kernels import blocksparse as bs
 from srot_fast.kernels import cpu_ops
+from srot_fast.kernels.tensorized import max_cost as ref_max_cost
 from srot_fast.kernels.tensorized import softmin as ref_softmin
 from test_blocksparse import CONFIGS, HARD, _check_primitives, _clusters, _hard, _solve
 
@@ -192,6 +193,25 @@ def test_block_pairs_guarantee(p, super_, monkeypatch):
     dropped = torch.logsumexp(logits.masked_fill(mask, -math.inf), 1)
     assert (dropped - full <= math.log(1e-3) + 1e-9).all()
     assert frac == pytest.approx(mask.double().mean().item(), rel=1e-12)
+
+
+def test_pruning_is_reused_while_h_drifts_less_than_the_slack(_force_sparse):
+    """As on the CPU path: a drift of h spanning less than REUSE_SLACK reuses the last pruning (the result within
+    the bound), a wider one prunes again."""
+    g = torch.Generator().manual_seed(12)
+    x, y = _islands(320, 2, g), _islands(256, 2, g, shift=0.02)
+    h = -math.log(256) + 0.5 * torch.randn(256, generator=g, dtype=DT)
+    eps = 0.05**2
+    ON.softmin(x, y, h, eps, 2)
+    assert len(_force_sparse) == 1
+    s = bs.REUSE_SLACK
+    h2 = h + 0.99 * s * torch.rand(256, generator=g, dtype=DT)
+    got, want = ON.softmin(x, y, h2, eps, 2), ref_softmin(x, y, h2, eps, 2)
+    assert len(_force_sparse) == 1
+    scale = max(float(ref_max_cost(x, y, 2)), 1.0)
+    assert (got - want).abs().max() <= -eps * math.log1p(-bs.THRESHOLD) + 1e-12 * scale
+    ON.softmin(x, y, h + 1.5 * s * torch.rand(256, generator=g, dtype=DT), eps, 2)
+    assert len(_force_sparse) == 2
 
 
 def test_large_eps_falls_back_at_the_super_block_level(monkeypatch):

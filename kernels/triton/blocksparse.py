@@ -22,9 +22,11 @@ and at p = 2 also U_IJ <= top_J + sum_k max_{x_k in I, y_k in J} [beta_Jk (y_k -
 (beta_J the least-squares slope of h over J about its box centre c_J, top_J = max_j [h_j - beta_J . (y_j - c_J)]
 + log |J|; a concave maximisation per coordinate, solved in closed form by :func:`trend_max`). First every
 super-block pair of a problem is tested (in chunks of row super-blocks): S is dropped for R when
-U_RS < L_R + log(THRESHOLD / 2) - log(number of column super-blocks). Then the block pairs inside the kept
-super-block pairs (in chunks): L_I is the maximum over those candidates (a subset of the columns, so still a
-lower bound) and J is dropped for I when U_IJ < L_I + log(THRESHOLD / 2) - log(number of column blocks). So
+U_RS < L_R + log(THRESHOLD / 2) - REUSE_SLACK - log(number of column super-blocks). Then the block pairs inside
+the kept super-block pairs (in chunks): L_I is the maximum over those candidates (a subset of the columns, so
+still a lower bound) and J is dropped for I when U_IJ < L_I + log(THRESHOLD / 2) - REUSE_SLACK - log(number of
+column blocks); the margin ``blocksparse.REUSE_SLACK`` lets later passes reuse the lists while h drifts by less
+(the reuse rule of :mod:`srot_fast.kernels.blocksparse`). So
 the dropped terms of a row weigh at most THRESHOLD of its sum: the guarantee of
 :mod:`srot_fast.kernels.blocksparse` (its docstring has the bound of each primitive). The kept column blocks
 of each row block form a CSR list (int64 offsets and block indices, sorted; O(kept block pairs)); the kernels
@@ -101,6 +103,7 @@ class _Order:
         self.blocks = _Groups(self.pts, BLOCK)
         self.nblk = self.blocks.n
         self._supers = None
+        self.pruned = None  # the last pruning with these points as rows (blocksparse._reuse)
 
     def supers(self) -> _Groups:
         if self._supers is None or self._supers.size != BLOCK * SUPER:
@@ -205,7 +208,7 @@ def block_pairs(ox: _Order, oy: _Order, hs: torch.Tensor, eps: float, p: int):
     rs, cs = ox.supers(), oy.supers()
     rb, cb = ox.blocks, oy.blocks
     sstats, bstats = _col_stats(cs, hs, p), _col_stats(cb, hs, p)
-    log_half = math.log(_cpu_bs.THRESHOLD / 2)
+    log_half = math.log(_cpu_bs.THRESHOLD / 2) - _cpu_bs.REUSE_SLACK  # the margin that lets later passes reuse it
     limit = _cpu_bs.DENSE_FRACTION * B * n * m
     rows_all, cols_all = [], []
     kept = 0.0
@@ -251,7 +254,11 @@ def _setup(x, y, h, eps, p):
         return None
     ox, oy = _order(x), _order(y)
     hs = h.detach().gather(1, oy.perm)
-    offs, cblk, frac = block_pairs(ox, oy, hs, eps, p)
+    hit = _cpu_bs._reuse(ox, oy, hs, eps, p, (SUPER,))
+    if hit is None:
+        hit = block_pairs(ox, oy, hs, eps, p)
+        _cpu_bs._remember(ox, oy, hs, eps, p, hit, (SUPER,))
+    offs, cblk, frac = hit
     _cpu_bs._last_kept = frac
     if offs is None:
         return None
