@@ -87,6 +87,7 @@ Caution:
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
 import threading
@@ -117,7 +118,7 @@ TIGHTEN_ABOVE = 0.02  # box bounds kept more than this fraction of the pairs ...
 WIDE = 16.0  # ... and the median row block spans more than this cost / eps: a second sweep with row bounds
 MIN_PAIRS = 1 << 18  # N M below this: dense pass
 CACHE_SIZE = 8
-REUSE_SLACK = 2.0  # nats of margin in every pruning: its kept lists hold while h drifts by less (see _reuse)
+REUSE_SLACK = 2.0  # nats of margin in every pruning: its kept lists hold while h drifts by less (_pruning)
 
 _lock = threading.Lock()
 _cache: "OrderedDict[tuple, _Order]" = OrderedDict()
@@ -216,7 +217,7 @@ class _Order:
         self.slo = _super(self.lo, math.inf).amin(2).contiguous()  # super-block boxes
         self.shi = _super(self.hi, -math.inf).amax(2).contiguous()
         self._yt = None
-        self.pruned = None  # the last pruning with these points as rows (see _reuse)
+        self.pruned = None  # the last pruning with these points as rows (see _pruning)
 
     def pts64(self):
         """(B, N, D) float64 sorted points."""
@@ -256,28 +257,25 @@ def _order(t: torch.Tensor) -> _Order:
     return _cached(t, _Order, _cache)
 
 
-def _reuse(ox, oy, hs: torch.Tensor, eps: float, p: int, extra: tuple = ()):
-    """The pruning stored on the row order ``ox`` by :func:`_remember`, if it was made for the same column
-    order, eps, p and settings and still holds for the sorted log-weights ``hs`` (B, M); else None. It holds
-    when h has the same -inf entries and, in each problem, h - h_ref spans at most ``REUSE_SLACK``
-    (max_j - min_j): every block upper bound then rose by at most max_j (h - h_ref)_j and every row's LSE fell
-    by at most -min_j (h - h_ref)_j, so a drop decided with a margin of ``REUSE_SLACK`` nats still meets the
-    guarantee. A stored decision to run the dense pass is reused alike (the dense pass is exact)."""
+def _pruning(ox, oy, hs: torch.Tensor, eps: float, p: int, prune, extra: tuple = ()):
+    """The pruning of rows ``ox`` against columns ``oy`` at the sorted log-weights ``hs`` (B, M): the one stored on
+    ``ox`` when it was made for the same column order, eps, p and settings (``extra``: the caller's own) and still
+    holds, else ``prune()``, which is then stored with its h. It holds when h has the same -inf entries and, in
+    each problem, h - h_ref spans at most ``REUSE_SLACK`` (max_j - min_j): every block upper bound then rose by at
+    most max_j (h - h_ref)_j and every row's LSE fell by at most -min_j (h - h_ref)_j, so a drop decided with a
+    margin of ``REUSE_SLACK`` nats still meets the guarantee. A stored decision to run the dense pass is reused
+    alike (the dense pass is exact)."""
+    settings = _settings(eps, p, extra)
+    fin = torch.isfinite(hs)
     entry = ox.pruned
-    if entry is None or entry[0] is not oy or entry[1] != _settings(eps, p, extra) or entry[2].shape != hs.shape:
-        return None
-    ref, fin, result = entry[2:]
-    now = torch.isfinite(hs)
-    if not torch.equal(now, fin):
-        return None
-    drift = hs.double() - ref
-    span = torch.where(now, drift, -math.inf).amax(1) - torch.where(now, drift, math.inf).amin(1)
-    return result if bool((span <= REUSE_SLACK).all()) else None
-
-
-def _remember(ox, oy, hs: torch.Tensor, eps: float, p: int, result, extra: tuple = ()) -> None:
-    """Store ``result`` (a pruning of rows ``ox`` against columns ``oy`` at the log-weights ``hs``) on ``ox``."""
-    ox.pruned = (oy, _settings(eps, p, extra), hs.double().clone(), torch.isfinite(hs), result)
+    if entry is not None and entry[0] is oy and entry[1] == settings and torch.equal(entry[3], fin):
+        drift = hs.double() - entry[2]
+        span = torch.where(fin, drift, -math.inf).amax(1) - torch.where(fin, drift, math.inf).amin(1)
+        if bool((span <= REUSE_SLACK).all()):
+            return entry[4]
+    result = prune()
+    ox.pruned = (oy, settings, hs.double().clone(), fin, result)
+    return result
 
 
 def _settings(eps: float, p: int, extra: tuple) -> tuple:
@@ -352,7 +350,6 @@ def _prune(lib, ox: _Order, oy: _Order, hs: Optional[torch.Tensor], eps: float, 
     when they keep more than ``TIGHTEN_ABOVE`` of the pairs and the row blocks are wide against eps (the cost
     across the median block's diagonal above ``WIDE`` eps: the box bound lse_J - Cmax / eps then lies far below
     the rows' LSE), a second sweep adds the row bounds of :func:`_row_lower`."""
-    global _last_kept
     B, n, d = ox.pts.shape
     m = oy.pts.shape[1]
     stats = [None] * 6
@@ -386,8 +383,7 @@ def _prune(lib, ox: _Order, oy: _Order, hs: Optional[torch.Tensor], eps: float, 
         if best is None or frac <= TIGHTEN_ABOVE or not wide:
             break
         lrow = [t.contiguous() for t in _row_lower(lib, ox, oy, hs, best, eps, p, threads)]
-    _last_kept = frac
-    return offs, rng[:total], _last_kept
+    return offs, rng[:total], frac
 
 
 # -------------------------------------------------------------------------------------------- passes
@@ -419,12 +415,8 @@ def _sparse_setup(x, y, h, eps, p):
     threads = cpu_ops._threads(B * n, m, x.shape[2])
     ox, oy = _order(x), _order(y)
     hs = None if h is None else h.detach().gather(1, oy.perm).contiguous()
-    hit = None if hs is None else _reuse(ox, oy, hs, eps, p)
-    if hit is None:
-        hit = _prune(lib, ox, oy, hs, eps, p, threads)
-        if hs is not None:
-            _remember(ox, oy, hs, eps, p, hit)
-    offs, rng, frac = hit
+    prune = functools.partial(_prune, lib, ox, oy, hs, eps, p, threads)
+    offs, rng, frac = prune() if hs is None else _pruning(ox, oy, hs, eps, p, prune)
     _last_kept = frac
     if h is not None and frac > DENSE_FRACTION:
         _last_kept = 1.0

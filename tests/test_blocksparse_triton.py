@@ -10,6 +10,7 @@ hundred points of well separated clusters, where whole block pairs can be droppe
 from __future__ import annotations
 
 import math
+import types
 
 import pytest
 import torch
@@ -28,18 +29,14 @@ DT = torch.float64
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-class ON:
-    """The block-sparse Triton module with its inputs moved to ``DEV`` and its outputs back to the CPU."""
+def _on_dev(fn):
+    """``fn`` with its tensor inputs moved to ``DEV`` and its output back to the CPU."""
+    return lambda *args: fn(*(t.to(DEV) if torch.is_tensor(t) else t for t in args)).cpu()
 
-    @staticmethod
-    def _call(fn, *args):
-        out = fn(*(t.to(DEV) if torch.is_tensor(t) else t for t in args))
-        return out.cpu()
 
-    softmin = staticmethod(lambda *a: ON._call(tbs.softmin, *a))
-    weighted_mean = staticmethod(lambda *a: ON._call(tbs.weighted_mean, *a))
-    plan_argmax = staticmethod(lambda *a: ON._call(tbs.plan_argmax, *a))
-    max_cost = staticmethod(lambda *a: ON._call(tbs.max_cost, *a))
+# the block-sparse Triton module on DEV, with CPU inputs and outputs
+ON = types.SimpleNamespace(**{name: _on_dev(getattr(tbs, name))
+                              for name in ("softmin", "weighted_mean", "plan_argmax", "max_cost")})
 
 
 def _through_triton(monkeypatch):

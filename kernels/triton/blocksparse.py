@@ -103,7 +103,7 @@ class _Order:
         self.blocks = _Groups(self.pts, BLOCK)
         self.nblk = self.blocks.n
         self._supers = None
-        self.pruned = None  # the last pruning with these points as rows (blocksparse._reuse)
+        self.pruned = None  # the last pruning with these points as rows (blocksparse._pruning)
 
     def supers(self) -> _Groups:
         if self._supers is None or self._supers.size != BLOCK * SUPER:
@@ -254,11 +254,7 @@ def _setup(x, y, h, eps, p):
         return None
     ox, oy = _order(x), _order(y)
     hs = h.detach().gather(1, oy.perm)
-    hit = _cpu_bs._reuse(ox, oy, hs, eps, p, (SUPER,))
-    if hit is None:
-        hit = block_pairs(ox, oy, hs, eps, p)
-        _cpu_bs._remember(ox, oy, hs, eps, p, hit, (SUPER,))
-    offs, cblk, frac = hit
+    offs, cblk, frac = _cpu_bs._pruning(ox, oy, hs, eps, p, lambda: block_pairs(ox, oy, hs, eps, p), (SUPER,))
     _cpu_bs._last_kept = frac
     if offs is None:
         return None
