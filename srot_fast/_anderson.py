@@ -39,7 +39,9 @@ class Anderson:
     residuals' combination is smallest: with the newest entry w, T(g_w) - sum_c gamma_c (T(g_w) - T(g_c)),
     where gamma minimises |r_w - sum_c gamma_c (r_w - r_c)| (a least-squares solve per problem through its
     normal equations, in float64, with a relative ridge of 1e-10). The history is a ring buffer of DEPTH + 1
-    slots, so an update costs O((DEPTH + 1) M) and a handful of tensor operations for the whole batch.
+    slots with the Gram matrix of its residuals, <r_i, r_j>, kept up to date: an entry adds one row of inner
+    products, and the normal equations follow from that matrix, so an update costs two products of the
+    (DEPTH + 1, M) history with a vector and a handful of tensor operations for the whole batch.
     Safeguard: where the marginal error rose above twice its best value (or is NaN), the plain step T(g) is
     taken and that problem's history restarts -- unless ``by_value`` and the (B,) dual objective passed to
     :meth:`step` is at its best so far: the iterate then made progress on the objective Sinkhorn maximises
@@ -56,6 +58,7 @@ class Anderson:
         self.mask = mask.double()
         self.images = None  # (B, depth + 1, M) float64 T(g_i), a ring buffer (allocated at the first step)
         self.resid = None   # (B, depth + 1, M) float64 masked residuals r_i
+        self.inner = None   # (B, depth + 1, depth + 1) float64 <r_i, r_j> over the slots
         self.slot = 0       # where the next entry goes
         self.valid = like.new_zeros((batch, depth + 1), dtype=torch.bool)  # (B, depth + 1) slots since restart
         self.best = like.new_full((batch,), math.inf, dtype=torch.float64)  # (B,) smallest error seen
@@ -65,7 +68,7 @@ class Anderson:
         """The state of problems ``idx`` (int64 (K,)), for a smaller batch that goes on from here."""
         out = Anderson(int(idx.numel()), self.best, self.mask[idx], self.depth, self.rank_sum, self.by_value)
         if self.images is not None:
-            out.images, out.resid = self.images[idx], self.resid[idx]
+            out.images, out.resid, out.inner = self.images[idx], self.resid[idx], self.inner[idx]
         out.slot, out.valid, out.best, out.top = self.slot, self.valid[idx], self.best[idx], self.top[idx]
         return out
 
@@ -81,23 +84,28 @@ class Anderson:
         if self.images is None:
             self.images = g.new_zeros((g.shape[0], self.depth + 1, g.shape[1]), dtype=torch.float64)
             self.resid = torch.zeros_like(self.images)
+            self.inner = g.new_zeros((g.shape[0], self.depth + 1, self.depth + 1), dtype=torch.float64)
         w, self.slot = self.slot, (self.slot + 1) % (self.depth + 1)
-        gh = g_hat.double()
-        self.images[:, w] = gh
-        self.resid[:, w] = (gh - g) * self.mask
+        gh = self.images[:, w]                           # (B, M) view: T(g_w) in float64
+        gh.copy_(g_hat)
+        r_w = self.resid[:, w]
+        torch.mul(gh - g, self.mask, out=r_w)            # the masked residual, in place
+        row = self.rank_sum((self.resid @ r_w[:, :, None])[..., 0])  # (B, k + 1) <r_i, r_w>
+        self.inner[:, w], self.inner[:, :, w] = row, row
         self.valid = self.valid & ~bad[:, None]
         self.valid[:, w] = True
-        keep = self.valid[..., None].double()            # (B, k + 1, 1); slot w gives a zero row
-        r_w = self.resid[:, w:w + 1]                     # (B, 1, M)
-        dR = r_w - self.resid                            # (B, k + 1, M); rows of slots before a restart masked below
-        gram = (dR @ dR.transpose(1, 2)) * (keep * keep.transpose(1, 2))
-        normal = self.rank_sum(torch.cat([gram, (dR @ r_w.transpose(1, 2)) * keep], -1))  # [gram | dR r_w]
-        gram, rhs = normal[..., :-1], normal[..., -1:]
+        keep = self.valid.double()                       # (B, k + 1); slot w gives a zero row
+        # normal equations in the differences r_w - r_i: <r_w - r_i, r_w - r_j> and <r_w - r_i, r_w>
+        rhs = (row[:, w:w + 1] - row) * keep             # (B, k + 1)
+        gram = (rhs[:, :, None] - row[:, None, :] + self.inner) * (keep[:, :, None] * keep[:, None, :])
         reg = 1e-10 * gram.diagonal(dim1=-2, dim2=-1).mean(-1) + 1e-300
         gram = gram + reg[:, None, None] * torch.eye(self.depth + 1, dtype=gram.dtype, device=g.device)
         # solve_ex: no error check, hence no host synchronisation on CUDA (a failed solve is caught below)
-        gamma = torch.linalg.solve_ex(gram, rhs)[0]     # (B, k + 1, 1)
-        # gamma is 0 on the masked slots (their rows and columns of the normal equations are 0 but the ridge)
-        g_new = (gh - (gamma.transpose(1, 2) @ (self.images[:, w:w + 1] - self.images))[:, 0]).to(g.dtype)
+        gamma = torch.linalg.solve_ex(gram, rhs[:, :, None])[0]  # (B, k + 1, 1)
+        # gamma is 0 on the masked slots (their rows and columns of the normal equations are 0 but the ridge),
+        # slot w included; T(g_w) - sum_c gamma_c (T(g_w) - T(g_c)) = (1 - sum gamma) T(g_w) + sum_c gamma_c T(g_c)
+        coef = gamma.transpose(1, 2).clone()             # (B, 1, k + 1)
+        coef[:, 0, w] += 1 - gamma.sum((1, 2))
+        g_new = (coef @ self.images)[:, 0].to(g.dtype)   # (B, M)
         ok = ~bad & (self.rank_sum((~torch.isfinite(g_new)).sum(-1).double()) == 0)
         return torch.where(done[:, None], g, torch.where(ok[:, None], g_new, g_hat))
