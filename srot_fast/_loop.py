@@ -25,7 +25,8 @@ from .penalties import Penalty
 WINDOW = 8         # updates between two readings of the value test
 COMPACT_MIN = 4    # batches of at least this many problems drop their finished half (see _compact)
 SCALE_TOL = 1e-2   # eps-scaling: relative marginal error each intermediate eps is solved to ...
-SCALE_CAP = 50     # ... in at most this many updates
+SCALE_CAP = 50     # ... in at most this many updates; but an eps within a factor SCALE_NEAR of the target
+SCALE_NEAR = 2.0   # goes straight on to the target when the loose solve before took at most one update
 VALUE_SPAN = 100   # the value test may stop a solve at a marginal error of at most this many times tol
 
 
@@ -225,17 +226,20 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         if tol is not None and max_iter == 0:  # no update at all: the initial potentials at the target eps
             eps_list = []
         extra = torch.zeros(batch, dtype=torch.int64, device=f.device)  # updates of the loose solves
+        last = 0  # updates of the last loose solve (the most of any problem)
         for k, eps in enumerate(eps_list):  # eps-scaling: symmetric, averaged (stable while eps shrinks)
             ft = pen_a.aprox(geom.softmin_x(log_b + g / eps, eps), eps)
             gt = pen_b.aprox(geom.softmin_y(log_a + f / eps, eps), eps)
             f, g = 0.5 * (f + ft), 0.5 * (g + gt)
             passes += 2
             left = max_iter - len(eps_list) - int(extra.max())
-            if accelerate and tol is not None and k < len(eps_list) - 1 and left > 0:
+            near = eps <= SCALE_NEAR * eps_list[-1] and last <= 1
+            if accelerate and tol is not None and k < len(eps_list) - 1 and left > 0 and not near:
                 # converge loosely at this eps: the next one then starts near its own solution
                 sub = alternating(geom, log_a, log_b, pen_a, pen_b, [eps], SCALE_TOL, min(SCALE_CAP, left),
                                   (f, g), accelerate, check_every, need_t=False)
                 f, g, passes, extra = sub.f, sub.g, passes + sub.passes, extra + sub.n_iter
+                last = int(sub.n_iter.max())
         n_done = len(eps_list)
     # partial OT: exact dual ascent along its drifting direction (part of the acceleration)
     rebalance = getattr(geom, "rebalance", None) if accelerate else None

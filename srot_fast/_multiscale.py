@@ -17,7 +17,8 @@ would run dense at O(N M). Here they run on cells instead:
    mode: f_i = A_a(-eps_s LSE_J[log B_J + (G_J - C(x_i, Y_J) - V_J - u_i) / eps_s]), and g_j the same way
    from the row cells' F (for partial OT the dummy points are carried along).
 4. **Fine eps-scaling.** The remaining eps values run on the points with the geometry's own (block-sparse)
-   passes: a loose solve (``SCALE_TOL``, at most ``SCALE_CAP`` updates) at every intermediate eps, then the
+   passes: a loose solve (``SCALE_TOL``, at most ``SCALE_CAP`` updates) at every intermediate eps (alternating
+   updates: with the ``SCALE_NEAR`` exception of srot_fast._loop), then the
    ordinary solve at the target eps from the lifted potentials, with the caller's tol, value_tol and the
    remaining update budget. The fixed point and the stopping test are those of a cold solve; only the
    start differs.
@@ -52,7 +53,7 @@ __all__ = ["alternating", "symmetric", "RATIO", "SWITCH", "MIN_PAIRS"]
 RATIO = 4           # points of the larger cloud per cell (on average over a full grid)
 SWITCH = 1.0        # the cells take every eps with eps^(1/p) >= SWITCH x the cell width
 MIN_PAIRS = 1 << 22  # N M below this: the ordinary schedule (the dense passes are cheap)
-SCALE_TOL, SCALE_CAP = _loop.SCALE_TOL, _loop.SCALE_CAP
+SCALE_TOL, SCALE_CAP, SCALE_NEAR = _loop.SCALE_TOL, _loop.SCALE_CAP, _loop.SCALE_NEAR
 
 
 @dataclasses.dataclass
@@ -197,17 +198,18 @@ def alternating(geom, log_a, log_b, pen_a, pen_b, eps_list, tol, max_iter, init=
     to_y = _wrap(Geometry(real.ops, cx.pts, real.y, real.p, ux, real.v, real.options), mass)
     f = pen_a.aprox(to_x.softmin_x(_join(cy.log_w, lb_dummy) + sol.g / eps_s, eps_s), eps_s)
     g = pen_b.aprox(to_y.softmin_y(_join(cx.log_w, la_dummy) + sol.f / eps_s, eps_s), eps_s)
-    spent, passes = 1, 2
+    spent, passes, last = 1, 2, SCALE_CAP  # last: updates of the last loose solve (the coarse one: not easy)
     for eps in eps_list[k:-1]:  # fine eps-scaling, as in _loop.alternating
         ft = pen_a.aprox(geom.softmin_x(log_b + g / eps, eps), eps)
         gt = pen_b.aprox(geom.softmin_y(log_a + f / eps, eps), eps)
         f, g = 0.5 * (f + ft), 0.5 * (g + gt)
         spent, passes = spent + 1, passes + 2
         left = max_iter - spent - 1
-        if accelerate and left > 0:
+        if accelerate and left > 0 and not (eps <= SCALE_NEAR * eps_list[-1] and last <= 1):
             sub = _loop.alternating(geom, log_a, log_b, pen_a, pen_b, [eps], SCALE_TOL, min(SCALE_CAP, left),
                                     (f, g), accelerate, check_every, need_t=False)
             f, g, passes, spent = sub.f, sub.g, passes + sub.passes, spent + int(sub.n_iter.max())
+            last = int(sub.n_iter.max())
     final = _loop.alternating(geom, log_a, log_b, pen_a, pen_b, eps_list[-1:], tol, max(max_iter - spent, 0),
                               (f, g), accelerate, check_every, **kw)
     return dataclasses.replace(final, n_iter=final.n_iter + spent, passes=final.passes + passes)
