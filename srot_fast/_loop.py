@@ -24,9 +24,11 @@ from .penalties import Penalty
 
 WINDOW = 8         # updates between two readings of the value test
 COMPACT_MIN = 4    # batches of at least this many problems drop their finished half (see _compact)
-SCALE_TOL = 1e-2   # eps-scaling: relative marginal error each intermediate eps is solved to ...
-SCALE_CAP = 50     # ... in at most this many updates; but an eps within a factor SCALE_NEAR of the target
-SCALE_NEAR = 2.0   # goes straight on to the target when the loose solve before took at most one update
+SCALE_TOL = 1e-2   # eps-scaling: each intermediate eps is solved to this relative marginal error ...
+SCALE_CAP = 50     # ... in at most this many updates ...
+SCALE_ENTER = 3e-2  # ... where its averaged step left the error above this (else it takes no update) ...
+SCALE_NEAR = 2.0   # ... and unless it lies within this factor of the target and the loose solve before took
+                   # at most one update (an easy problem: the target's solve would repeat that work)
 VALUE_SPAN = 100   # the value test may stop a solve at a marginal error of at most this many times tol
 
 
@@ -199,7 +201,8 @@ class _Checks:
 def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Sequence[float],
                 tol: Optional[float], max_iter: int, init=None, accelerate: bool = True,
                 check_every: Optional[int] = None, value_tol: Optional[float] = None, stepper=None,
-                vtest: Optional[_ValueTest] = None, steps: int = 0, need_t: bool = True) -> Solution:
+                vtest: Optional[_ValueTest] = None, steps: int = 0, need_t: bool = True,
+                enter_tol: Optional[float] = None) -> Solution:
     """Solve B problems: eps-scaling (symmetric, averaged, as GeomLoss), then accelerated
     alternating updates at the last eps until every problem's relative marginal error is <= tol (or its
     value passed the ``value_tol`` test of :class:`_ValueTest`), or ``max_iter`` updates ran in all
@@ -207,7 +210,8 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     extrapolation step). ``init=(f0, g0)`` skips eps-scaling; ``init=(f0, g0, s0)`` also gives the row
     soft-min at g0 (after the rebalancing step for partial OT), as a compacted batch goes on.
     ``need_t=False``: the solution's ``t`` may be None (the loose solves of eps-scaling use only f and g;
-    this saves a pass where no update ran)."""
+    this saves a pass where no update ran). ``enter_tol`` (>= tol): a problem within it at the first look
+    takes no update at all (the loose solves: an error the next eps and the final solve absorb anyway)."""
     batch = log_a.shape[0]
     passes = 0
     psum = _point_sum(geom)
@@ -237,7 +241,7 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
             if accelerate and tol is not None and k < len(eps_list) - 1 and left > 0 and not near:
                 # converge loosely at this eps: the next one then starts near its own solution
                 sub = alternating(geom, log_a, log_b, pen_a, pen_b, [eps], SCALE_TOL, min(SCALE_CAP, left),
-                                  (f, g), accelerate, check_every, need_t=False)
+                                  (f, g), accelerate, check_every, need_t=False, enter_tol=SCALE_ENTER)
                 f, g, passes, extra = sub.f, sub.g, passes + sub.passes, extra + sub.n_iter
                 last = int(sub.n_iter.max())
         n_done = len(eps_list)
@@ -281,7 +285,7 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         value = dual_value(log_a, log_b, f_hat, g, s, pen_a, pen_b, eps, psum) if read or stepper.by_value else None
         if read:
             done = done | (vtest.passed(value) & (err <= VALUE_SPAN * tol))
-        done = done | (err <= tol)
+        done = done | (err <= (tol if enter_tol is None or it > it0 else max(tol, enter_tol)))
         n_fin = checks.poll(it, max_iter, done, err, tol)
         if n_fin is not None:
             if n_fin == batch or it >= max_iter:
