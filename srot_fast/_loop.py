@@ -236,14 +236,12 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
             gt = pen_b.aprox(geom.softmin_y(log_a + f / eps, eps), eps)
             f, g = 0.5 * (f + ft), 0.5 * (g + gt)
             passes += 2
-            left = max_iter - len(eps_list) - int(extra.max())
-            near = eps <= SCALE_NEAR * eps_list[-1] and last <= 1
-            if accelerate and tol is not None and k < len(eps_list) - 1 and left > 0 and not near:
-                # converge loosely at this eps: the next one then starts near its own solution
-                sub = alternating(geom, log_a, log_b, pen_a, pen_b, [eps], SCALE_TOL, min(SCALE_CAP, left),
-                                  (f, g), accelerate, check_every, need_t=False, enter_tol=SCALE_ENTER)
-                f, g, passes, extra = sub.f, sub.g, passes + sub.passes, extra + sub.n_iter
-                last = int(sub.n_iter.max())
+            if accelerate and tol is not None and k < len(eps_list) - 1:
+                left = max_iter - len(eps_list) - int(extra.max())
+                sub = loose_solve(geom, log_a, log_b, pen_a, pen_b, f, g, eps, eps_list[-1], last, left, check_every)
+                if sub is not None:
+                    f, g, passes, extra = sub.f, sub.g, passes + sub.passes, extra + sub.n_iter
+                    last = int(sub.n_iter.max())
         n_done = len(eps_list)
     # partial OT: exact dual ascent along its drifting direction (part of the acceleration)
     rebalance = getattr(geom, "rebalance", None) if accelerate else None
@@ -308,6 +306,18 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         t = geom.softmin_y(log_a + f / eps, eps)
         passes += 1
     return Solution(f, g, s, t, n_iter, err, passes, checks.syncs, done)
+
+
+def loose_solve(geom, log_a, log_b, pen_a, pen_b, f, g, eps: float, target: float, last: int, budget: int,
+                check_every: Optional[int] = None) -> Optional[Solution]:
+    """The loose solve of eps-scaling at the intermediate ``eps`` from (f, g), so that the next eps starts near its
+    own solution: to SCALE_TOL in at most min(SCALE_CAP, budget) updates, none where the averaged step left the
+    error within SCALE_ENTER. None (skipped) without budget, or when ``eps`` lies within SCALE_NEAR of the
+    ``target`` eps and the loose solve before took ``last`` <= 1 updates."""
+    if budget <= 0 or (eps <= SCALE_NEAR * target and last <= 1):
+        return None
+    return alternating(geom, log_a, log_b, pen_a, pen_b, [eps], SCALE_TOL, min(SCALE_CAP, budget), (f, g), True,
+                       check_every, need_t=False, enter_tol=SCALE_ENTER)
 
 
 def _compact(geom, log_a, log_b, pen_a, pen_b, eps, tol, budget, accelerate, stepper, vtest, steps, need_t,

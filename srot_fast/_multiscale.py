@@ -17,8 +17,7 @@ would run dense at O(N M). Here they run on cells instead:
    mode: f_i = A_a(-eps_s LSE_J[log B_J + (G_J - C(x_i, Y_J) - V_J - u_i) / eps_s]), and g_j the same way
    from the row cells' F (for partial OT the dummy points are carried along).
 4. **Fine eps-scaling.** The remaining eps values run on the points with the geometry's own (block-sparse)
-   passes: a loose solve (``SCALE_TOL``, at most ``SCALE_CAP`` updates) at every intermediate eps (alternating
-   updates: with the ``SCALE_ENTER`` and ``SCALE_NEAR`` rules of srot_fast._loop), then the
+   passes: a loose solve (``srot_fast._loop.loose_solve``, with its rules) at every intermediate eps, then the
    ordinary solve at the target eps from the lifted potentials, with the caller's tol, value_tol and the
    remaining update budget. The fixed point and the stopping test are those of a cold solve; only the
    start differs.
@@ -53,7 +52,7 @@ __all__ = ["alternating", "symmetric", "RATIO", "SWITCH", "MIN_PAIRS"]
 RATIO = 4           # points of the larger cloud per cell (on average over a full grid)
 SWITCH = 1.0        # the cells take every eps with eps^(1/p) >= SWITCH x the cell width
 MIN_PAIRS = 1 << 22  # N M below this: the ordinary schedule (the dense passes are cheap)
-SCALE_TOL, SCALE_CAP, SCALE_ENTER, SCALE_NEAR = _loop.SCALE_TOL, _loop.SCALE_CAP, _loop.SCALE_ENTER, _loop.SCALE_NEAR
+SCALE_TOL, SCALE_CAP = _loop.SCALE_TOL, _loop.SCALE_CAP
 
 
 @dataclasses.dataclass
@@ -204,12 +203,11 @@ def alternating(geom, log_a, log_b, pen_a, pen_b, eps_list, tol, max_iter, init=
         gt = pen_b.aprox(geom.softmin_y(log_a + f / eps, eps), eps)
         f, g = 0.5 * (f + ft), 0.5 * (g + gt)
         spent, passes = spent + 1, passes + 2
-        left = max_iter - spent - 1
-        if accelerate and left > 0 and not (eps <= SCALE_NEAR * eps_list[-1] and last <= 1):
-            sub = _loop.alternating(geom, log_a, log_b, pen_a, pen_b, [eps], SCALE_TOL, min(SCALE_CAP, left),
-                                    (f, g), accelerate, check_every, need_t=False, enter_tol=SCALE_ENTER)
-            f, g, passes, spent = sub.f, sub.g, passes + sub.passes, spent + int(sub.n_iter.max())
+        sub = _loop.loose_solve(geom, log_a, log_b, pen_a, pen_b, f, g, eps, eps_list[-1], last, max_iter - spent - 1,
+                                check_every) if accelerate else None
+        if sub is not None:
             last = int(sub.n_iter.max())
+            f, g, passes, spent = sub.f, sub.g, passes + sub.passes, spent + last
     final = _loop.alternating(geom, log_a, log_b, pen_a, pen_b, eps_list[-1:], tol, max(max_iter - spent, 0),
                               (f, g), accelerate, check_every, **kw)
     return dataclasses.replace(final, n_iter=final.n_iter + spent, passes=final.passes + passes)
