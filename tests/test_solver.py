@@ -12,6 +12,7 @@ import torch
 from reference import torch_threads
 
 from srot_fast import ConvergenceWarning, SROTLoss, sinkhorn
+from srot_fast.geometry import bbox_diameter
 
 F64 = torch.float64
 
@@ -178,7 +179,7 @@ def test_acceleration_never_costs_updates_on_easy_problems():
     plain_total, fast_total, over = 0, 0, []
     for seed in range(2):
         x, y = _gaussians(seed=seed)
-        diam = float((torch.cat([x, y]).amax(0) - torch.cat([x, y]).amin(0)).norm())
+        diam = bbox_diameter(x, y)
         for p in (1, 2):
             for name, kw in PROBLEMS.items():
                 for ratio in (0.1, 0.02):
@@ -213,7 +214,7 @@ def test_last_loose_solve_is_skipped_on_easy_problems_only(monkeypatch):
     saved, off_total = 0, 0
     for seed in range(3):
         x, y = _gaussians(seed=seed)
-        diam = float((torch.cat([x, y]).amax(0) - torch.cat([x, y]).amin(0)).norm())
+        diam = bbox_diameter(x, y)
         for p, kw in ((1, {}), (2, {}), (1, dict(penalty="kl", tau=1.0))):
             off, on = (with_near(near, easy, x, y, p, diam, kw) for near in (0.0, 2.0))
             assert float(on.value) == pytest.approx(float(off.value), rel=1e-6)
@@ -371,7 +372,6 @@ def test_fixed_schedule_reproduces_geomloss(reach, debias):
     ref = float(geomloss.SamplesLoss(reach=reach, debias=debias, backend="tensorized")(x, y))
     loss = SROTLoss(reach=reach, debias=debias, tol=None)
     assert float(loss(x, y)) == pytest.approx(ref, rel=1e-5)
-    from srot_fast.geometry import bbox_diameter
     from srot_fast.sinkhorn import epsilon_schedule
 
     assert loss.last_result.n_iter == len(epsilon_schedule(2, bbox_diameter(x, y), 0.05, 0.5)) + 1
