@@ -42,13 +42,14 @@ class Anderson:
     slots with the Gram matrix of its residuals, <r_i, r_j>, kept up to date: an entry adds one row of inner
     products, and the normal equations follow from that matrix, so an update costs two products of the
     (DEPTH + 1, M) history with a vector and a handful of tensor operations for the whole batch.
-    Safeguard: where the marginal error rose above twice its best value (or is NaN), the plain step T(g) is
-    taken and that problem's history restarts -- unless ``by_value`` and the (B,) dual objective passed to
-    :meth:`step` is at its best so far: the iterate then made progress on the objective Sinkhorn maximises
-    and is kept. Unbalanced OT and partial OT with cost offsets use ``by_value``; balanced OT and partial OT
-    without offsets keep the error test alone (measured, docs/DESIGN.md, Acceleration). Residuals count on
-    points of positive weight only (``mask`` (B, M)), so zero-weight padding changes nothing. ``rank_sum``
-    completes sums over points taken on one shard of a sharded geometry (the identity otherwise)."""
+    Safeguard: where the marginal error rose above twice its best value since the last restart (or is NaN),
+    the plain step T(g) is taken and that problem's history and best error restart -- unless ``by_value`` and
+    the (B,) dual objective passed to :meth:`step` is at its best so far: the iterate then made progress on the
+    objective Sinkhorn maximises and is kept. Unbalanced OT and partial OT with cost offsets use ``by_value``;
+    balanced OT and partial OT without offsets keep the error test alone (measured, docs/DESIGN.md,
+    Acceleration). Residuals count on points of positive weight only (``mask`` (B, M)), so zero-weight padding
+    changes nothing. ``rank_sum`` completes sums over points taken on one shard of a sharded geometry (the
+    identity otherwise)."""
 
     def __init__(self, batch: int, like: torch.Tensor, mask: torch.Tensor, depth: int = DEPTH,
                  rank_sum=_identity, by_value: bool = False):
@@ -80,7 +81,10 @@ class Anderson:
             rising = value >= self.top  # False where value is NaN
             bad = err.isnan() | (bad & ~rising)
             self.top = torch.maximum(self.top, value.nan_to_num(-math.inf))
-        self.best = torch.minimum(self.best, err.nan_to_num(math.inf))
+        err_inf = err.nan_to_num(math.inf)
+        # a restart also restarts the best error: measured against an older, lower one, every later step would
+        # count as bad and the problem would crawl on plain updates
+        self.best = torch.where(bad, err_inf, torch.minimum(self.best, err_inf))
         if self.images is None:
             self.images = g.new_zeros((g.shape[0], self.depth + 1, g.shape[1]), dtype=torch.float64)
             self.resid = torch.zeros_like(self.images)
