@@ -243,13 +243,14 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
                     f, g, passes, extra = sub.f, sub.g, passes + sub.passes, extra + sub.n_iter
                     last = int(sub.n_iter.max())
         n_done = len(eps_list)
-    # partial OT: exact dual ascent along its drifting direction (part of the acceleration)
+    # partial OT: exact dual ascent along its drifting direction (part of the acceleration); after an averaged
+    # step or a warm start also on the dummy potentials
     rebalance = getattr(geom, "rebalance", None) if accelerate else None
     if init is None or len(init) == 2:
         s = geom.softmin_x(log_b + g / eps, eps)
         passes += 1
         if rebalance is not None:
-            f, g, s = rebalance(f, g, log_b, eps, log_a)
+            f, g, s = rebalance(f, g, log_b, eps, log_a, dummies=True)
     if tol is None:  # GeomLoss's last extrapolation: both potentials from the previous pair
         t = geom.softmin_y(log_a + f / eps, eps)
         f, g = pen_a.aprox(s, eps), pen_b.aprox(t, eps)

@@ -100,7 +100,9 @@ class PartialGeometry:
     The dual of the augmented problem has one direction along which alternating updates only drift, by
     about eps log 2 per update: shifting the real potentials by +c and the dummy ones by -c multiplies the
     real-to-real plan by exp(2 c / eps) and leaves the rest unchanged. :meth:`rebalance` maximises the dual
-    objective along it in closed form (the real plan's mass becomes ``mass``), with no extra kernel pass.
+    objective along it in closed form (the real plan's mass becomes ``mass``), with no extra kernel pass,
+    and can first give the two dummy potentials their exact updates (closed form too: cost 0 to every real
+    point of the other side).
     """
 
     def __init__(self, geom: Geometry, mass: float):
@@ -130,9 +132,17 @@ class PartialGeometry:
     def softmin_y(self, h: torch.Tensor, eps: float) -> torch.Tensor:
         return self._augment(self.real.softmin_y(h[:, :-1], eps), h, eps)
 
-    def rebalance(self, f: torch.Tensor, g: torch.Tensor, log_b: torch.Tensor, eps: float, log_a: torch.Tensor):
+    def rebalance(self, f: torch.Tensor, g: torch.Tensor, log_b: torch.Tensor, eps: float, log_a: torch.Tensor,
+                  dummies: bool = False):
         """(f, g, s) shifted along the real / dummy direction to the dual's maximum on it, where s is the row
-        soft-min at the new g; the last :meth:`softmin_x` call must have been at this g (no kernel pass)."""
+        soft-min at the new g; the last :meth:`softmin_x` call must have been at this g (no kernel pass).
+        ``dummies``: the dummy row and column potentials first take their exact updates, so that the plan's
+        dummy row and column carry their masses |b| - s and |a| - s (what an averaged eps-scaling step leaves
+        furthest off; the shift keeps them)."""
+        if dummies:
+            f_dummy = -eps * self._real_logsumexp(log_b[:, :-1] + g[:, :-1] / eps)[:, None]
+            g_dummy = -eps * self._real_logsumexp(log_a[:, :-1] + f[:, :-1] / eps)[:, None]
+            f, g = torch.cat([f[:, :-1], f_dummy], -1), torch.cat([g[:, :-1], g_dummy], -1)
         log_real = self._real_logsumexp(log_a[:, :-1] + (f[:, :-1] - self._last_real) / eps)  # log real plan mass
         c = (0.5 * eps * (math.log(self.mass) - log_real)).nan_to_num(0.0, 0.0, 0.0)[:, None]
         shift_f = torch.cat([c.expand_as(f[:, :-1]), -c], -1)
