@@ -150,7 +150,8 @@ def _check_losses(rank, cuts_x, cuts_y, modes, losses):
     sx, sy = slice(cuts_x[rank], cuts_x[rank + 1]), slice(cuts_y[rank], cuts_y[rank + 1])
     for kw in losses:
         # balanced OT leaves its potentials free up to (f + c, g - c), and the weights' gradients with them: two
-        # runs whose iterates differ by rounding may settle on constants ~1e-9 apart (measured 5.5e-10 at tol 1e-11)
+        # runs whose iterates differ by rounding may settle on constants ~1e-9 apart (measured 5.5e-10 and
+        # 2.8e-9 with two versions of the loop); what is left after removing c is held to TOL
         gauge = not any(k in kw for k in ("reach", "penalty", "mass"))
         ref_in = _leaves(a, x, b, y)
         scores = (s_x, s_y) if kw.get("strategy") else None
@@ -170,7 +171,7 @@ def _check_losses(rank, cuts_x, cuts_y, modes, losses):
                     ref_grad = ref_grad + shift[name]
                 _close(mine.grad, ref_grad, f"{what} grad {name}")
             if len(shift) == 2:  # (f + c, g - c): opposite shifts, small
-                assert abs(shift["a"] + shift["b"]) <= 1e-12 and abs(shift["a"]) <= 1e-8, (what, shift)
+                assert abs(shift["a"] + shift["b"]) <= TOL["atol"] and abs(shift["a"]) <= 1e-7, (what, shift)
 
 
 def _expect_same_error(rank, world, fn, kind, text) -> None:
