@@ -118,11 +118,15 @@ class PartialGeometry:
         """(B,) log-sum-exp of t (B, n) over the real points (a sharded geometry takes every rank's)."""
         return torch.logsumexp(t, -1)
 
+    def _dummy_softmin(self, h: torch.Tensor, eps: float) -> torch.Tensor:
+        """(B, 1) the dummy point's soft-min for log-weights h (B, m + 1): cost 0 to the real points of the
+        other side, +inf to its dummy."""
+        return -eps * self._real_logsumexp(h[:, :-1])[:, None]
+
     def _augment(self, real, h: torch.Tensor, eps: float) -> torch.Tensor:
         """(B, n + 1) augmented soft-min from the real one ``real`` (B, n) and log-weights h (B, m + 1)."""
         rows = -eps * torch.logaddexp(-real / eps, h[:, -1:])              # + dummy column at cost 0
-        dummy = -eps * self._real_logsumexp(h[:, :-1])[:, None]            # dummy row: cost 0 to real, inf to dummy
-        return torch.cat([rows, dummy], -1)
+        return torch.cat([rows, self._dummy_softmin(h, eps)], -1)
 
     def softmin_x(self, h: torch.Tensor, eps: float) -> torch.Tensor:
         real = self.real.softmin_x(h[:, :-1], eps)  # real rows vs real columns
@@ -140,8 +144,7 @@ class PartialGeometry:
         dummy row and column carry their masses |b| - s and |a| - s (what an averaged eps-scaling step leaves
         furthest off; the shift keeps them)."""
         if dummies:
-            f_dummy = -eps * self._real_logsumexp(log_b[:, :-1] + g[:, :-1] / eps)[:, None]
-            g_dummy = -eps * self._real_logsumexp(log_a[:, :-1] + f[:, :-1] / eps)[:, None]
+            f_dummy, g_dummy = self._dummy_softmin(log_b + g / eps, eps), self._dummy_softmin(log_a + f / eps, eps)
             f, g = torch.cat([f[:, :-1], f_dummy], -1), torch.cat([g[:, :-1], g_dummy], -1)
         log_real = self._real_logsumexp(log_a[:, :-1] + (f[:, :-1] - self._last_real) / eps)  # log real plan mass
         c = (0.5 * eps * (math.log(self.mass) - log_real)).nan_to_num(0.0, 0.0, 0.0)[:, None]
