@@ -53,6 +53,7 @@ import os
 import platform
 import subprocess
 import sys
+import sysconfig
 import time
 import traceback
 from pathlib import Path
@@ -106,6 +107,17 @@ def _timeit(fn, *, min_rounds=3, max_rounds=20, target_s=2.0, budget_s=60.0) -> 
 
 
 LOG = {"path": None}  # every subprocess's whole output is appended here (set by main: --logdir)
+
+
+def _portable(text: str, workdir) -> str:
+    """``text`` without this machine's paths: the interpreter becomes ``python``, paths under the repository and
+    the work folder become relative, installed packages ``site-packages/...`` (commands, warnings and
+    tracebacks are recorded in the results file)."""
+    prefixes = ((sys.executable, "python"), (sysconfig.get_paths()["purelib"] + os.sep, "site-packages" + os.sep),
+                (str(ROOT) + os.sep, ""), (str(Path(workdir).resolve()) + os.sep, ""))
+    for prefix, repl in prefixes:
+        text = text.replace(prefix, repl)
+    return text
 
 
 def _run(cmd, env=None, timeout=600) -> dict:
@@ -552,7 +564,7 @@ def main(argv=None) -> int:
         res["section_seconds"] = round(time.perf_counter() - t, 1)
         results["sections"][name] = res
         results["finished"] = _now()
-        out.write_text(json.dumps(results, indent=1, default=str))
+        out.write_text(_portable(json.dumps(results, indent=1, default=str), args.workdir))
         brief = {k: v for k, v in res.items() if k not in ("rows", "tail")}
         print(f"[gpu_suite] {name}: {json.dumps(brief, default=str)[:1500]}", flush=True)
     print(f"[gpu_suite] wrote {out}")
