@@ -19,8 +19,8 @@ from .tiles import (
     _lse_step,
     _phi_sum,
     _program_rows,
+    _soa_lse_tile,
     _sq_dist_tile,
-    _sq_dist_tile_soa,
     _sq_from_dot,
     _sq_tile,
     _tile_cols,
@@ -128,21 +128,8 @@ def _softmin_small_kernel(
     s_i = tl.zeros((BLOCK_N,), dtype=prm_ptr.dtype.element_ty)
     for j0 in range(0, M, BLOCK_M):
         cols, cmask = _tile_cols(j0, M, BLOCK_M)
-        sq = _sq_dist_tile_soa(xt_ptr, yt_ptr, rows, rmask, cols, cmask, stride_xk, stride_yk, D, TRANS, BLOCK_N,
-                               BLOCK_M)
-        if P == 1:
-            c = tl.sqrt(sq) * cscale
-        else:
-            c = sq * cscale
-        h = tl.load(h_ptr + cols, mask=cmask, other=float("-inf"))
-        if TRANS:
-            logit = h[:, None] - c
-            m_i, alpha, w = _lse_step(m_i, logit, 0)
-            s_i = s_i * alpha + tl.sum(w, 0)
-        else:
-            logit = h[None, :] - c
-            m_i, alpha, w = _lse_step(m_i, logit, 1)
-            s_i = s_i * alpha + tl.sum(w, 1)
+        m_i, s_i = _soa_lse_tile(xt_ptr, yt_ptr, h_ptr, rows, rmask, cols, cmask, stride_xk, stride_yk, cscale, m_i,
+                                 s_i, D, P, TRANS, BLOCK_N, BLOCK_M)
     out = tl.where(s_i > 0, -eps_ln2 * (m_i + tl.log2(tl.where(s_i > 0, s_i, 1.0))), float("inf"))
     tl.store(out_ptr + b * N + rows, out, mask=rmask)
 

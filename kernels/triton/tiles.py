@@ -239,3 +239,26 @@ def _sq_dist_tile_soa(
             xk_ptr += stride_xk
             yk_ptr += stride_yk
     return sq
+
+
+@triton.jit
+def _soa_lse_tile(xt_ptr, yt_ptr, h_ptr, rows, rmask, cols, cmask, stride_xk, stride_yk, cscale, m_i, s_i,
+                  D: tl.constexpr, P: tl.constexpr, TRANS: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_M: tl.constexpr):
+    """One online log-sum-exp step of the small-d soft-min over the tile (rows, cols) from coordinate-major
+    points (:func:`_sq_dist_tile_soa`) and base-2 log-weights ``h_ptr``: the running (max, sum) of every row
+    after the tile's logits h_j - C_ij / eps (``cscale``: :func:`_cost_scale`)."""
+    sq = _sq_dist_tile_soa(xt_ptr, yt_ptr, rows, rmask, cols, cmask, stride_xk, stride_yk, D, TRANS, BLOCK_N,
+                           BLOCK_M)
+    if P == 1:
+        c = tl.sqrt(sq) * cscale
+    else:
+        c = sq * cscale
+    h = tl.load(h_ptr + cols, mask=cmask, other=float("-inf"))
+    if TRANS:
+        m_i, alpha, w = _lse_step(m_i, h[:, None] - c, 0)
+        s_i = s_i * alpha + tl.sum(w, 0)
+    else:
+        m_i, alpha, w = _lse_step(m_i, h[None, :] - c, 1)
+        s_i = s_i * alpha + tl.sum(w, 1)
+    return m_i, s_i
