@@ -52,7 +52,6 @@ import math
 from collections import OrderedDict
 
 import torch
-import triton
 
 from .. import blocksparse as _cpu_bs
 from .. import cpu_ops
@@ -104,6 +103,14 @@ class _Order:
         self.nblk = self.blocks.n
         self._supers = None
         self.pruned = None  # the last pruning with these points as rows (blocksparse._pruning)
+        self._pts_t = None
+
+    def pts_t(self) -> torch.Tensor:
+        """(B, D, N) the sorted points, coordinate-major (the layout of the soft-min and weighted-mean kernels),
+        built on first use."""
+        if self._pts_t is None:
+            self._pts_t = self.pts.transpose(1, 2).contiguous()
+        return self._pts_t
 
     def supers(self) -> _Groups:
         if self._supers is None or self._supers.size != BLOCK * SUPER:
@@ -261,12 +268,19 @@ def _setup(x, y, h, eps, p):
     return ox, oy, _dense._h2(hs, x.dtype), offs, cblk, _dense._prm(x, eps)
 
 
-def _launch(kernel, setup, out, p, block_n, block_m, **const):
+# soft-min and weighted-mean tiles (BLOCK_N, BLOCK_M, TRANS, num_warps): with TRANS and BLOCK_N = 32 num_warps
+# each thread owns one row (the fastest on an H200: benchmarks/README.md)
+TILE = (64, 64, True, 2)
+
+
+def _launch(kernel, setup, out, p, block_n, block_m, coord_major=False, num_warps=4, **const):
     ox, oy, hs2, offs, cblk, prm = setup
     B, n, d = ox.pts.shape
     nrb = ox.nblk
-    kernel[(B * nrb * (BLOCK // block_n),)](ox.pts, oy.pts, hs2, offs, cblk, prm, out, n, oy.pts.shape[1], nrb,
-                                            D=d, P=p, BLOCK=BLOCK, BLOCK_N=block_n, BLOCK_M=block_m, **const)
+    xs, ys = (ox.pts_t(), oy.pts_t()) if coord_major else (ox.pts, oy.pts)
+    kernel[(B * nrb * (BLOCK // block_n),)](xs, ys, hs2, offs, cblk, prm, out, n, oy.pts.shape[1], nrb, D=d, P=p,
+                                            BLOCK=BLOCK, BLOCK_N=block_n, BLOCK_M=block_m, num_warps=num_warps,
+                                            **const)
 
 
 def _prepare(x, y, h, eps, p):
@@ -284,7 +298,8 @@ def softmin(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: in
     if setup is None:
         return _dense.softmin(x, y, h, eps, p, **options)
     out = torch.empty(xb.shape[:2], dtype=x.dtype, device=x.device)
-    _launch(_bs_softmin_kernel, setup, out, p, 32, 64)
+    block_n, block_m, trans, warps = TILE
+    _launch(_bs_softmin_kernel, setup, out, p, block_n, block_m, coord_major=True, num_warps=warps, TRANS=trans)
     out = _cpu_bs._unsort(out, setup[0])
     return out if B is not None else out[0]
 
@@ -301,7 +316,8 @@ def weighted_mean(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float,
         return _dense.weighted_mean(x, y, h, eps, p, phi, **options)
     out = torch.empty(xb.shape, dtype=x.dtype, device=x.device)
     unit = phi == "grad" and p == 1
-    _launch(_bs_wmean_kernel, setup, out, p, 16, 32, UNIT=unit, BLOCK_D=max(2, triton.next_power_of_2(x.shape[-1])))
+    block_n, block_m, _, warps = TILE
+    _launch(_bs_wmean_kernel, setup, out, p, block_n, block_m, coord_major=True, num_warps=warps, UNIT=unit)
     out = _cpu_bs._unsort(out, setup[0])
     if phi == "grad" and p == 2:
         out = xb.detach() - out

@@ -6,15 +6,25 @@ row block I of problem b, the kept column blocks ``cblk[offs[b nrb + I] : offs[b
 program owns ``BLOCK_N`` rows of one row block (``BLOCK / BLOCK_N`` programs per row block) and streams the
 columns of each kept column block in sub-tiles of ``BLOCK_M``, with the online log-sum-exp of the dense
 kernels (base 2: the launcher passes h log2(e) and prm = [log2(e) / eps, eps ln 2]). Small-d difference form
-(D <= 3), row-major points; the accumulators are in the compute dtype (float32, or float64 for float64
-points), the dtype of ``prm``."""
+(D <= 3); the accumulators are in the compute dtype (float32, or float64 for float64 points), the dtype of
+``prm``. The soft-min and weighted-mean kernels read coordinate-major points (B, D, N) and reduce
+(BLOCK_M, BLOCK_N) tiles over their columns (axis 0), so that with BLOCK_N = 32 x num_warps each thread owns one
+row, as in the dense small-d soft-min; the plan arg-max kernel (one pass per solve) reads row-major points."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .tiles import _cost_scale, _load_points, _logits_tile, _lse_step, _phi_sum, _sq_dist_tile, _up
+from .tiles import (
+    _cost_scale,
+    _logits_tile,
+    _lse_step,
+    _soa_lse_tile,
+    _sq_dist_tile,
+    _tile_cols,
+    _up,
+)
 
 
 @triton.jit
@@ -46,8 +56,8 @@ def _bs_tile(x_ptr, y_ptr, h_ptr, cblk_ptr, k, t, rows, rmask, cscale, M, D: tl.
 
 @triton.jit
 def _bs_softmin_kernel(
-    x_ptr,  # (B, N, D) sorted row points, contiguous
-    y_ptr,  # (B, M, D) sorted column points, contiguous
+    xt_ptr,  # (B, D, N) sorted row points, coordinate-major, contiguous
+    yt_ptr,  # (B, D, M) sorted column points, coordinate-major, contiguous
     h_ptr,  # (B, M) sorted column log-weights times log2(e), contiguous
     offs_ptr,  # (B nrb + 1,) int64 CSR offsets
     cblk_ptr,  # (K,) int64 kept column blocks
@@ -55,52 +65,95 @@ def _bs_softmin_kernel(
     out_ptr,  # (B, N) output in the sorted row order: -eps * LSE_j[h_j - C_ij / eps]
     N, M, nrb,
     D: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+    TRANS: tl.constexpr,  # True: (BLOCK_M, BLOCK_N) tiles reduced over axis 0, as the dense small-d kernel's
 ):
-    b, rows, rmask, x_ptr, y_ptr, h_ptr, k0, k1 = _bs_program(x_ptr, y_ptr, h_ptr, offs_ptr, N, M, nrb, D, BLOCK,
-                                                              BLOCK_N)
+    """Coordinate-major points (contiguous loads along a block), the tile step of the dense small-d kernel."""
+    b, rows, rmask, _, _, h_ptr, k0, k1 = _bs_program(xt_ptr, yt_ptr, h_ptr, offs_ptr, N, M, nrb, D, BLOCK,
+                                                      BLOCK_N)
+    xt_ptr += b * D * N
+    yt_ptr += b * D * M
     cscale = _cost_scale(prm_ptr, P)
     eps_ln2 = tl.load(prm_ptr + 1)
     m_i = tl.full((BLOCK_N,), float("-inf"), dtype=prm_ptr.dtype.element_ty)
     s_i = tl.zeros((BLOCK_N,), dtype=prm_ptr.dtype.element_ty)
     for k in range(k0, k1):
+        j0 = tl.load(cblk_ptr + k) * BLOCK
         for t in tl.static_range(BLOCK // BLOCK_M):
-            _, _, _, _, logit = _bs_tile(x_ptr, y_ptr, h_ptr, cblk_ptr, k, t, rows, rmask, cscale, M, D, P, BLOCK,
-                                         BLOCK_N, BLOCK_M)
-            m_i, alpha, w = _lse_step(m_i, logit, 1)
-            s_i = s_i * alpha + tl.sum(w, 1)
+            cols, cmask = _tile_cols(j0 + t * BLOCK_M, M, BLOCK_M)
+            m_i, s_i = _soa_lse_tile(xt_ptr, yt_ptr, h_ptr, rows, rmask, cols, cmask, N, M, cscale, m_i, s_i, D, P,
+                                     TRANS, BLOCK_N, BLOCK_M)
     out = tl.where(s_i > 0, -eps_ln2 * (m_i + tl.log2(tl.where(s_i > 0, s_i, 1.0))), float("inf"))
     tl.store(out_ptr + b * N + rows, out, mask=rmask)
 
 
 @triton.jit
+def _coord(ptr, idx, mask, k: tl.constexpr, stride, D: tl.constexpr):
+    """Coordinate ``k`` of the coordinate-major points at ``idx`` (coordinates ``stride`` apart), in the compute
+    dtype; zeros when k >= D (the weighted mean keeps three coordinates, D <= 3)."""
+    if k < D:
+        v = _up(tl.load(ptr + k * stride + idx, mask=mask, other=0.0))
+    else:
+        v = tl.zeros(idx.shape, dtype=ptr.dtype.element_ty)
+    return v
+
+
+@triton.jit
 def _bs_wmean_kernel(
-    x_ptr, y_ptr, h_ptr, offs_ptr, cblk_ptr, prm_ptr,  # as _bs_softmin_kernel
-    out_ptr,  # (B, N, D) output in the sorted row order
+    xt_ptr, yt_ptr, h_ptr, offs_ptr, cblk_ptr, prm_ptr,  # as _bs_softmin_kernel (coordinate-major points)
+    out_ptr,  # (B, N, D) output in the sorted row order, row-major
     N, M, nrb,
     D: tl.constexpr, P: tl.constexpr,
     UNIT: tl.constexpr,  # True: phi = (x - y) / |x - y| (0 at x = y); False: phi = y
     BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_D: tl.constexpr,  # power of two >= D
 ):
-    b, rows, rmask, x_ptr, y_ptr, h_ptr, k0, k1 = _bs_program(x_ptr, y_ptr, h_ptr, offs_ptr, N, M, nrb, D, BLOCK,
-                                                              BLOCK_N)
-    dims = tl.arange(0, BLOCK_D)
-    dmask = dims < D
+    """(BLOCK_M, BLOCK_N) tiles reduced over axis 0 (with BLOCK_N = 32 num_warps each thread owns a row), one
+    accumulator per coordinate (D <= 3)."""
+    b, rows, rmask, _, _, h_ptr, k0, k1 = _bs_program(xt_ptr, yt_ptr, h_ptr, offs_ptr, N, M, nrb, D, BLOCK,
+                                                      BLOCK_N)
+    xt_ptr += b * D * N
+    yt_ptr += b * D * M
     cscale = _cost_scale(prm_ptr, P)
-    x_t = _up(_load_points(x_ptr, rows, rmask, dims, dmask, D))  # (BLOCK_N, BLOCK_D)
+    x0 = _coord(xt_ptr, rows, rmask, 0, N, D)
+    x1 = _coord(xt_ptr, rows, rmask, 1, N, D)
+    x2 = _coord(xt_ptr, rows, rmask, 2, N, D)
     m_i = tl.full((BLOCK_N,), float("-inf"), dtype=prm_ptr.dtype.element_ty)
     s_i = tl.zeros((BLOCK_N,), dtype=prm_ptr.dtype.element_ty)
-    acc = tl.zeros((BLOCK_N, BLOCK_D), dtype=prm_ptr.dtype.element_ty)
+    a0 = tl.zeros((BLOCK_N,), dtype=prm_ptr.dtype.element_ty)
+    a1 = tl.zeros((BLOCK_N,), dtype=prm_ptr.dtype.element_ty)
+    a2 = tl.zeros((BLOCK_N,), dtype=prm_ptr.dtype.element_ty)
     for k in range(k0, k1):
+        j0 = tl.load(cblk_ptr + k) * BLOCK
         for t in tl.static_range(BLOCK // BLOCK_M):
-            _, cols, cmask, sq, logit = _bs_tile(x_ptr, y_ptr, h_ptr, cblk_ptr, k, t, rows, rmask, cscale, M, D, P,
-                                                 BLOCK, BLOCK_N, BLOCK_M)
-            m_i, alpha, w = _lse_step(m_i, logit, 1)
-            s_i = s_i * alpha + tl.sum(w, 1)
-            y_t = _up(_load_points(y_ptr, cols, cmask, dims, dmask, D))  # (BLOCK_M, BLOCK_D)
-            acc = acc * alpha[:, None] + _phi_sum(w, sq, x_t, y_t, UNIT)
-    out = acc / s_i[:, None]
-    tl.store(out_ptr + b * N * D + rows[:, None] * D + dims[None, :], out, mask=rmask[:, None] & dmask[None, :])
+            cols, cmask = _tile_cols(j0 + t * BLOCK_M, M, BLOCK_M)
+            y0 = _coord(yt_ptr, cols, cmask, 0, M, D)
+            y1 = _coord(yt_ptr, cols, cmask, 1, M, D)
+            y2 = _coord(yt_ptr, cols, cmask, 2, M, D)
+            d0 = y0[:, None] - x0[None, :]  # y - x, (BLOCK_M, BLOCK_N)
+            d1 = y1[:, None] - x1[None, :]
+            d2 = y2[:, None] - x2[None, :]
+            sq = d0 * d0 + d1 * d1 + d2 * d2
+            if P == 1:
+                c = tl.sqrt(sq) * cscale
+            else:
+                c = sq * cscale
+            h = tl.load(h_ptr + cols, mask=cmask, other=float("-inf"))
+            m_i, alpha, w = _lse_step(m_i, h[:, None] - c, 0)
+            s_i = s_i * alpha + tl.sum(w, 0)
+            if UNIT:  # sum_j w_ij (x_i - y_j) / |x_i - y_j|
+                w = tl.where(sq > 0, -w / tl.sqrt(tl.where(sq > 0, sq, 1.0)), 0.0)
+                a0 = a0 * alpha + tl.sum(w * d0, 0)
+                a1 = a1 * alpha + tl.sum(w * d1, 0)
+                a2 = a2 * alpha + tl.sum(w * d2, 0)
+            else:  # sum_j w_ij y_j
+                a0 = a0 * alpha + tl.sum(w * y0[:, None], 0)
+                a1 = a1 * alpha + tl.sum(w * y1[:, None], 0)
+                a2 = a2 * alpha + tl.sum(w * y2[:, None], 0)
+    base = out_ptr + b * N * D + rows * D
+    tl.store(base, a0 / s_i, mask=rmask)
+    if D > 1:
+        tl.store(base + 1, a1 / s_i, mask=rmask)
+    if D > 2:
+        tl.store(base + 2, a2 / s_i, mask=rmask)
 
 
 @triton.jit
