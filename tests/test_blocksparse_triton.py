@@ -197,17 +197,18 @@ def test_pruning_is_reused_while_h_drifts_less_than_the_slack(_force_sparse):
     the bound), a wider one prunes again."""
     g = torch.Generator().manual_seed(12)
     x, y = _islands(320, 2, g), _islands(256, 2, g, shift=0.02)
+    xd, yd = x.to(DEV), y.to(DEV)  # the same point tensors in every pass, as in a solve (the cache keys on them)
     h = -math.log(256) + 0.5 * torch.randn(256, generator=g, dtype=DT)
     eps = 0.05**2
-    ON.softmin(x, y, h, eps, 2)
+    tbs.softmin(xd, yd, h.to(DEV), eps, 2)
     assert len(_force_sparse) == 1
     s = bs.REUSE_SLACK
     h2 = h + 0.99 * s * torch.rand(256, generator=g, dtype=DT)
-    got, want = ON.softmin(x, y, h2, eps, 2), ref_softmin(x, y, h2, eps, 2)
+    got, want = tbs.softmin(xd, yd, h2.to(DEV), eps, 2).cpu(), ref_softmin(x, y, h2, eps, 2)
     assert len(_force_sparse) == 1
     scale = max(float(ref_max_cost(x, y, 2)), 1.0)
     assert (got - want).abs().max() <= -eps * math.log1p(-bs.THRESHOLD) + 1e-12 * scale
-    ON.softmin(x, y, h + 1.5 * s * torch.rand(256, generator=g, dtype=DT), eps, 2)
+    tbs.softmin(xd, yd, (h + 1.5 * s * torch.rand(256, generator=g, dtype=DT)).to(DEV), eps, 2)
     assert len(_force_sparse) == 2
 
 
