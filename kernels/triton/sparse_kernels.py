@@ -68,10 +68,9 @@ def _bs_softmin_kernel(
     TRANS: tl.constexpr,  # True: (BLOCK_M, BLOCK_N) tiles reduced over axis 0, as the dense small-d kernel's
 ):
     """Coordinate-major points (contiguous loads along a block), the tile step of the dense small-d kernel."""
-    b, rows, rmask, _, _, h_ptr, k0, k1 = _bs_program(xt_ptr, yt_ptr, h_ptr, offs_ptr, N, M, nrb, D, BLOCK,
-                                                      BLOCK_N)
-    xt_ptr += b * D * N
-    yt_ptr += b * D * M
+    # (B, D, N) and (B, N, D) put problem b at the same offset
+    b, rows, rmask, xt_ptr, yt_ptr, h_ptr, k0, k1 = _bs_program(xt_ptr, yt_ptr, h_ptr, offs_ptr, N, M, nrb, D,
+                                                                BLOCK, BLOCK_N)
     cscale = _cost_scale(prm_ptr, P)
     eps_ln2 = tl.load(prm_ptr + 1)
     m_i = tl.full((BLOCK_N,), float("-inf"), dtype=prm_ptr.dtype.element_ty)
@@ -108,10 +107,9 @@ def _bs_wmean_kernel(
 ):
     """(BLOCK_M, BLOCK_N) tiles reduced over axis 0 (with BLOCK_N = 32 num_warps each thread owns a row), one
     accumulator per coordinate (D <= 3)."""
-    b, rows, rmask, _, _, h_ptr, k0, k1 = _bs_program(xt_ptr, yt_ptr, h_ptr, offs_ptr, N, M, nrb, D, BLOCK,
-                                                      BLOCK_N)
-    xt_ptr += b * D * N
-    yt_ptr += b * D * M
+    # (B, D, N) and (B, N, D) put problem b at the same offset
+    b, rows, rmask, xt_ptr, yt_ptr, h_ptr, k0, k1 = _bs_program(xt_ptr, yt_ptr, h_ptr, offs_ptr, N, M, nrb, D,
+                                                                BLOCK, BLOCK_N)
     cscale = _cost_scale(prm_ptr, P)
     x0 = _coord(xt_ptr, rows, rmask, 0, N, D)
     x1 = _coord(xt_ptr, rows, rmask, 1, N, D)
