@@ -1,5 +1,5 @@
 """Triton kernel figures for one GPU, in under 3 minutes on an H100: half-precision points and the small-d
-soft-min against the exp2 limit of the card.
+soft-min against the exp2 limit of the card, and the small-d weighted mean's two kernels.
 
 1. ``loss``: balanced Sinkhorn loss + gradient (``sinkhorn``, p = 2, d = 64, n = m = 50k, blur 0.1 on
    points of scale ~1, GeomLoss's fixed schedule ``tol=None``: every run takes the same passes) with the
@@ -16,11 +16,15 @@ soft-min against the exp2 limit of the card.
    per pair (SASS counts: benchmarks/triton_aot_check.py). The clock is the card's maximum SM clock
    (nvidia-smi or pynvml; ``--clock-mhz`` overrides), so the fraction is a lower bound when the card runs
    below it; the SM clock read after the runs is reported too.
+3. ``wmean_small_d``: the float32 weighted mean (the gradient's pass) at d = 2 and 3, n = m = 100k, p = 1 and 2:
+   the default small-d kernel (autotuned) against ``trans=True`` (the block-sparse kernel's tile step: a
+   thread per row, one accumulator per coordinate) at a few tiles, with the soft-min of the same size beside
+   them; seconds, pairs per second and the largest difference from the default kernel's output.
 
-Run: ``python benchmarks/gpu_kernels.py --out kernels.json`` on a CUDA machine (autotuning of the d = 64
-launches is off unless ``--autotune``: it would compile every candidate, minutes). ``--dry-run``: tiny sizes
-under the Triton CPU interpreter (``TRITON_INTERPRET=1``), to check that the script runs; its times and
-fractions mean nothing.
+Run: ``python benchmarks/gpu_kernels.py --out kernels.json`` on a CUDA machine (``--sections``: a subset of loss,
+softmin, wmean; autotuning of the d = 64 launches is off unless ``--autotune``: it would compile every
+candidate, minutes). ``--dry-run``: tiny sizes under the Triton CPU interpreter (``TRITON_INTERPRET=1``), to
+check that the script runs; its times and fractions mean nothing.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ def _args(argv):
     ap.add_argument("--autotune", action="store_true", help="autotune the d = 64 launches too (slow first call)")
     ap.add_argument("--reps", type=int, default=3, help="timed repetitions of each loss case (interleaved)")
     ap.add_argument("--clock-mhz", type=float, default=None, help="SM clock for the exp2 limit (default: max)")
+    ap.add_argument("--sections", nargs="+", default=["loss", "softmin", "wmean"], choices=["loss", "softmin", "wmean"])
     return ap.parse_args(argv)
 
 
@@ -220,6 +225,62 @@ def section_softmin(device, n: int, reps: int, clock_mhz) -> dict:
     return out
 
 
+def _median_time(fn, device, reps: int):
+    """(median seconds over max(reps, 5) calls, seconds of the first call, last output)."""
+    t0 = time.perf_counter()
+    out = fn()
+    _sync(device)
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(max(reps, 5)):
+        _sync(device)
+        t0 = time.perf_counter()
+        out = fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), first, out
+
+
+WMEAN_TILES = ({}, dict(block_n=128, block_m=64, num_warps=4), dict(block_n=64, block_m=32, num_warps=2),
+               dict(block_n=128, block_m=32, num_warps=4))  # trans=True tiles; {} is its default (64 x 64, 2 warps)
+
+
+def _wmean_case(tri, device, x, y, h, p: int, reps: int) -> dict:
+    """One (d, p) case of :func:`section_wmean`."""
+    tune = device.type == "cuda"
+    n, eps = x.shape[0], 0.05 if p == 1 else 0.05**2
+    case = {}
+    sec, _, _ = _median_time(lambda: tri.softmin_fwd(x, y, h, eps, p, autotune=tune), device, reps)
+    case["softmin"] = dict(seconds=sec, pairs_per_s=n * n / sec)
+    sec, first, base = _median_time(lambda: tri.weighted_mean_fwd(x, y, h, eps, p, autotune=tune), device, reps)
+    case["default"] = dict(seconds=sec, seconds_first_call=first, pairs_per_s=n * n / sec)
+    for kw in WMEAN_TILES:
+        sec, first, got = _median_time(lambda kw=kw: tri.weighted_mean_fwd(x, y, h, eps, p, trans=True, **kw),
+                                       device, reps)
+        name = "trans " + (",".join(f"{k}={v}" for k, v in kw.items()) or "default")
+        case[name] = dict(seconds=sec, seconds_first_call=first, pairs_per_s=n * n / sec,
+                          speedup_over_default=case["default"]["seconds"] / sec,
+                          max_abs_diff_from_default=float((got - base).abs().max()))
+    return case
+
+
+def section_wmean(device, n: int, reps: int) -> dict:
+    """float32 small-d weighted mean: the default kernel (autotuned on a GPU) against ``trans=True`` tiles."""
+    from srot_fast.kernels import triton_softmin as tri
+
+    out = dict(n=n, m=n, dtype="float32", phi="y", cases={})
+    for d in (2, 3):
+        gen = torch.Generator().manual_seed(2)
+        x = torch.randn(n, d, generator=gen).to(device)
+        y = (torch.randn(n, d, generator=gen) + 0.5).to(device)
+        h = torch.full((n,), -torch.log(torch.tensor(float(n))).item(), device=device)
+        for p in (1, 2):
+            case = out["cases"][f"d{d}_p{p}"] = _wmean_case(tri, device, x, y, h, p, reps)
+            print(f"  d = {d}, p = {p}: " + ", ".join(f"{k} {v['seconds'] * 1e3:.2f} ms" for k, v in case.items()),
+                  file=sys.stderr, flush=True)
+    return out
+
+
 def main(args) -> dict:
     device = torch.device("cpu" if args.dry_run else "cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -228,11 +289,17 @@ def main(args) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = False  # torch's own matmuls (none in the timed path) in fp32
     t0 = time.perf_counter()
     n_loss, d_loss, n_soft = (96, 64, 200) if args.dry_run else (50_000, 64, 100_000)
+    reps = 1 if args.dry_run else args.reps
     res = dict(environment=environment(device))
-    print(f"loss + gradient, d = {d_loss}, n = m = {n_loss}", file=sys.stderr, flush=True)
-    res["loss"] = section_loss(device, n_loss, d_loss, 1 if args.dry_run else args.reps)
-    print(f"soft-min, d = 2, n = m = {n_soft}", file=sys.stderr, flush=True)
-    res["softmin_small_d"] = section_softmin(device, n_soft, 1 if args.dry_run else args.reps, args.clock_mhz)
+    if "loss" in args.sections:
+        print(f"loss + gradient, d = {d_loss}, n = m = {n_loss}", file=sys.stderr, flush=True)
+        res["loss"] = section_loss(device, n_loss, d_loss, reps)
+    if "softmin" in args.sections:
+        print(f"soft-min, d = 2, n = m = {n_soft}", file=sys.stderr, flush=True)
+        res["softmin_small_d"] = section_softmin(device, n_soft, reps, args.clock_mhz)
+    if "wmean" in args.sections:
+        print(f"weighted mean, d = 2 and 3, n = m = {n_soft}", file=sys.stderr, flush=True)
+        res["wmean_small_d"] = section_wmean(device, n_soft, reps)
     res["seconds_total"] = time.perf_counter() - t0
     text = json.dumps(res, indent=1, default=str)
     print(text)

@@ -177,17 +177,18 @@ class _LaunchCounter:
 
 
 _TRITON_KERNELS = ("_softmin_fwd_kernel", "_softmin_small_kernel", "_weighted_mean_fwd_kernel",
-                   "_weighted_mean_dot_kernel", "_weighted_sum_dot_kernel", "_plan_argmax_fwd_kernel",
-                   "_max_sq_fwd_kernel")
+                   "_weighted_mean_soa_kernel", "_weighted_mean_dot_kernel", "_weighted_sum_dot_kernel",
+                   "_plan_argmax_fwd_kernel", "_max_sq_fwd_kernel")
 
 
 @pytest.mark.triton
 @pytest.mark.parametrize("path", ["small", "dot"])
 @pytest.mark.parametrize("passes", [1, 2])
 def test_triton_batched_every_kernel_one_launch(monkeypatch, path, passes):
-    """Every Triton kernel (small-d in both tile orientations, tl.dot, one- and two-pass weighted means,
-    argmax, max) on a batch whose problems span several row and column blocks (16 x 16 blocks, N = 37,
-    M = 21), float32 at D = 3: one launch per kernel for the whole batch and per-problem reference results.
+    """Every Triton kernel (small-d in both tile orientations, tl.dot, one- and two-pass weighted means, the
+    thread-per-row one-pass weighted mean, argmax, max) on a batch whose problems span several row and column
+    blocks (16 x 16 blocks, N = 37, M = 21), float32 at D = 3: one launch per kernel for the whole batch and
+    per-problem reference results.
     The two-pass weighted mean is forced at D = 3 by lowering the one-pass D limits."""
     mod = _module("triton")
     if torch.cuda.is_available():
@@ -225,6 +226,12 @@ def test_triton_batched_every_kernel_one_launch(monkeypatch, path, passes):
             assert seen == want
             for b in range(3):
                 _close(out[b], ref.weighted_mean(x64[b], y64[b], h64[b], eps, p, phi), dt, 10.0)
+            if path == "small" and passes == 1:
+                seen.clear()
+                out = mod.weighted_mean_fwd(x, y, h, eps, p, phi, trans=True, **blocks)
+                assert seen == ["_weighted_mean_soa_kernel"]
+                for b in range(3):
+                    _close(out[b], ref.weighted_mean(x64[b], y64[b], h64[b], eps, p, phi), dt, 10.0)
         seen.clear()
         arg = mod.plan_argmax_fwd(x, y, h, eps, p, **blocks)
         mx = mod.max_sq_fwd(x, y, **blocks)

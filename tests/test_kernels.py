@@ -178,6 +178,29 @@ def test_triton_softmin_small_tiles(dtype, trans, d, p):
 
 
 @pytest.mark.triton
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("phi", ["y", "grad"])
+@pytest.mark.parametrize("d,p", [(1, 2), (2, 1), (2, 2), (3, 1), (3, 2)])
+def test_triton_weighted_mean_thread_per_row_tile(dtype, phi, d, p):
+    """``trans=True`` (D <= 3): the block-sparse kernel's weighted-mean tile step over every column, with block
+    sizes smaller than the problem (several row and column tiles, a partial last tile) and with its defaults;
+    the p = 1 direction stays finite (0) where a row sits on a column. D = 4 is refused."""
+    mod = _backend("triton")
+    x, y, h, scale = _problem(d, dtype, p)
+    expected = _ref64(ref.weighted_mean, x, y, h.double(), 0.05 * scale, p, phi)
+    for blocks in (dict(block_n=16, block_m=16), {}):
+        out = mod.weighted_mean_fwd(x, y, h, 0.05 * scale, p, phi, trans=True, **blocks)
+        assert torch.isfinite(out).all()
+        _close(out, expected, dtype, y.abs().max().item() + x.abs().max().item())
+    if d == 3:
+        kink = mod.weighted_mean_fwd(x, y, h, 1e-4 * scale, p, phi, trans=True)  # row 3 on column 5
+        assert torch.isfinite(kink).all()
+        x4, y4, h4, _ = _problem(4, dtype, p)
+        with pytest.raises(ValueError, match="trans=True"):
+            mod.weighted_mean_fwd(x4, y4, h4, 0.05 * scale, p, phi, trans=True)
+
+
+@pytest.mark.triton
 @pytest.mark.parametrize("path", ["small", "dot"])
 def test_triton_softmin_large_d(path):
     mod = _backend("triton")

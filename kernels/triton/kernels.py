@@ -20,9 +20,12 @@ from .tiles import (
     _phi_sum,
     _program_rows,
     _soa_lse_tile,
+    _soa_wmean_start,
+    _soa_wmean_tile,
     _sq_dist_tile,
     _sq_from_dot,
     _sq_tile,
+    _store_coords,
     _tile_cols,
     _up,
     _xy_dot_tile,
@@ -180,6 +183,42 @@ def _weighted_mean_fwd_kernel(
     out = acc / s_i[:, None]
     out_ptr += b * N * D
     tl.store(out_ptr + rows[:, None] * D + dims[None, :], out, mask=rmask[:, None] & dmask[None, :])
+
+
+@triton.jit
+def _weighted_mean_soa_kernel(
+    xt_ptr,  # (B, D, N) row points, coordinate-major, rows contiguous
+    yt_ptr,  # (B, D, M) column points, coordinate-major, columns contiguous
+    h_ptr,  # (B, M) column log-weights times log2(e), may hold -inf
+    prm_ptr,  # (2,) [log2(e) / eps, eps ln 2]
+    out_ptr,  # (B, N, D) output, contiguous
+    N,
+    M,
+    stride_xb,  # elements between two problems of xt
+    stride_xk,  # elements between two coordinates of xt
+    stride_yb,
+    stride_yk,
+    stride_hb,
+    D: tl.constexpr,  # <= 3
+    P: tl.constexpr,
+    UNIT: tl.constexpr,  # True: phi = (x - y) / |x - y| (0 at x = y); False: phi = y
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """Small-d weighted mean for D <= 3 with the block-sparse kernel's tile step (:func:`.tiles._soa_wmean_tile`:
+    (BLOCK_M, BLOCK_N) tiles reduced over columns, a thread per row when BLOCK_N = 32 x num_warps, one
+    accumulator per coordinate) over every column."""
+    b, rows, rmask = _program_rows(N, BLOCK_N)
+    xt_ptr += b * stride_xb
+    yt_ptr += b * stride_yb
+    h_ptr += b * stride_hb
+    cscale = _cost_scale(prm_ptr, P)
+    x0, x1, x2, m_i, s_i, a0, a1, a2 = _soa_wmean_start(xt_ptr, rows, rmask, stride_xk, prm_ptr, D, BLOCK_N)
+    for j0 in range(0, M, BLOCK_M):
+        cols, cmask = _tile_cols(j0, M, BLOCK_M)
+        m_i, s_i, a0, a1, a2 = _soa_wmean_tile(yt_ptr, h_ptr, cols, cmask, stride_yk, x0, x1, x2, cscale, m_i, s_i,
+                                               a0, a1, a2, D, P, UNIT)
+    _store_coords(out_ptr + b * N * D, rows, rmask, a0, a1, a2, s_i, D)
 
 
 @triton.jit

@@ -23,6 +23,7 @@ from .kernels import (
     _softmin_small_kernel,
     _weighted_mean_dot_kernel,
     _weighted_mean_fwd_kernel,
+    _weighted_mean_soa_kernel,
     _weighted_sum_dot_kernel,
 )
 from .options import check_autotune, check_precision
@@ -226,7 +227,7 @@ def softmin_fwd(x, y, h, eps, p, *, path="auto", block_n=None, block_m=None, blo
 
 
 def weighted_mean_fwd(x, y, h, eps, p, phi="y", *, path="auto", block_n=None, block_m=None, block_k=None,
-                      num_warps=None, precision=None, autotune=None):
+                      num_warps=None, trans=None, precision=None, autotune=None):
     """Launcher of :func:`weighted_mean`: x (N, D) or (B, N, D) -> (N, D) or (B, N, D). Paths: 'small'
     (D <= 64): one streaming pass, products summed by broadcasting; 'dot' (float32 only; 'auto' takes it
     for 32 <= D): for D <= 128 one streaming pass with both x.y^T and w @ y by tl.dot, for D > 128 a softmin
@@ -234,13 +235,16 @@ def weighted_mean_fwd(x, y, h, eps, p, phi="y", *, path="auto", block_n=None, bl
     D = 64: the two passes with exact differences and register sums. One launch per pass for the whole batch.
     ``precision`` as :func:`softmin_fwd`. Autotuned on a GPU as :func:`softmin_fwd` (one-pass kernels;
     ``autotune`` as there); defaults 16 x 32 (small), 64 x 64 (dot, one pass), 64 x 64 x 32 (two passes).
+    ``trans=True`` (small path, D <= 3; never autotuned): the block-sparse kernel's tile step instead, on
+    coordinate-major points, a thread per row and one accumulator per coordinate (default 64 x 64, 2 warps).
     Output in the compute dtype (float32 for half points)."""
     batched = _check(x, y, h, p)
     if phi not in ("y", "grad"):
         raise ValueError(f"phi must be 'y' or 'grad', got {phi!r}")
     if not batched:
         return weighted_mean_fwd(*_lead(x, y, h), eps, p, phi, path=path, block_n=block_n, block_m=block_m,
-                                 block_k=block_k, num_warps=num_warps, precision=precision, autotune=autotune)[0]
+                                 block_k=block_k, num_warps=num_warps, trans=trans, precision=precision,
+                                 autotune=autotune)[0]
     nb, n, d = x.shape
     m = y.shape[1]
     dot = _use_dot(path, d, x.dtype)  # also the argument check: path='dot' is float32 only
@@ -248,10 +252,13 @@ def weighted_mean_fwd(x, y, h, eps, p, phi="y", *, path="auto", block_n=None, bl
     cdt = _cdt(x.dtype)
     if path == "small" and d > _MAX_D_WMEAN:
         raise ValueError(f"the small-d weighted_mean path takes D <= {_MAX_D_WMEAN} (got {d}); use path='dot'")
+    if trans and (dot or d > 3):
+        raise ValueError(f"trans=True is a small-d weighted_mean tile for D <= 3 (got D = {d}"
+                         f"{', the dot path' if dot else ''})")
     if nb == 0:
         return torch.empty(0, n, d, dtype=cdt, device=x.device)
     unit = phi == "grad" and p == 1
-    fixed = (block_n, block_m, block_k, num_warps)
+    fixed = (block_n, block_m, block_k, num_warps, trans)
     x0 = x
     h2 = _h2(h, cdt)
     if dot and d <= _MAX_D_WMEAN_DOT:  # float32, one pass, tl.dot
@@ -287,6 +294,13 @@ def weighted_mean_fwd(x, y, h, eps, p, phi="y", *, path="auto", block_n=None, bl
             out = acc + centre * wsum[..., None]
         else:
             out = acc
+    elif trans:  # small path, D <= 3, coordinate-major points, a thread per row
+        xt, yt = _rows(x.detach().transpose(-1, -2)), _rows(y.detach().transpose(-1, -2))
+        out = torch.empty(nb, n, d, dtype=cdt, device=x.device)
+        block_n = block_n or 64
+        _weighted_mean_soa_kernel[(triton.cdiv(n, block_n) * nb,)](
+            xt, yt, h2, _prm(x, eps), out, n, m, xt.stride(0), xt.stride(1), yt.stride(0), yt.stride(1), h2.stride(0),
+            D=d, P=p, UNIT=unit, BLOCK_N=block_n, BLOCK_M=block_m or 64, num_warps=num_warps or 2)
     else:  # small path, one pass
         x, y = _rows(x), _rows(y)
         out = torch.empty(nb, n, d, dtype=cdt, device=x.device)

@@ -19,11 +19,12 @@ import triton.language as tl
 from .tiles import (
     _cost_scale,
     _logits_tile,
-    _lse_step,
     _soa_lse_tile,
+    _soa_wmean_start,
+    _soa_wmean_tile,
     _sq_dist_tile,
+    _store_coords,
     _tile_cols,
-    _up,
 )
 
 
@@ -86,17 +87,6 @@ def _bs_softmin_kernel(
 
 
 @triton.jit
-def _coord(ptr, idx, mask, k: tl.constexpr, stride, D: tl.constexpr):
-    """Coordinate ``k`` of the coordinate-major points at ``idx`` (coordinates ``stride`` apart), in the compute
-    dtype; zeros when k >= D (the weighted mean keeps three coordinates, D <= 3)."""
-    if k < D:
-        v = _up(tl.load(ptr + k * stride + idx, mask=mask, other=0.0))
-    else:
-        v = tl.zeros(idx.shape, dtype=ptr.dtype.element_ty)
-    return v
-
-
-@triton.jit
 def _bs_wmean_kernel(
     xt_ptr, yt_ptr, h_ptr, offs_ptr, cblk_ptr, prm_ptr,  # as _bs_softmin_kernel (coordinate-major points)
     out_ptr,  # (B, N, D) output in the sorted row order, row-major
@@ -105,53 +95,20 @@ def _bs_wmean_kernel(
     UNIT: tl.constexpr,  # True: phi = (x - y) / |x - y| (0 at x = y); False: phi = y
     BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
-    """(BLOCK_M, BLOCK_N) tiles reduced over axis 0 (with BLOCK_N = 32 num_warps each thread owns a row), one
-    accumulator per coordinate (D <= 3)."""
+    """Coordinate-major points, the tile step :func:`.tiles._soa_wmean_tile` (a thread per row with BLOCK_N = 32
+    num_warps, one accumulator per coordinate, D <= 3)."""
     # (B, D, N) and (B, N, D) put problem b at the same offset
     b, rows, rmask, xt_ptr, yt_ptr, h_ptr, k0, k1 = _bs_program(xt_ptr, yt_ptr, h_ptr, offs_ptr, N, M, nrb, D,
                                                                 BLOCK, BLOCK_N)
     cscale = _cost_scale(prm_ptr, P)
-    x0 = _coord(xt_ptr, rows, rmask, 0, N, D)
-    x1 = _coord(xt_ptr, rows, rmask, 1, N, D)
-    x2 = _coord(xt_ptr, rows, rmask, 2, N, D)
-    m_i = tl.full((BLOCK_N,), float("-inf"), dtype=prm_ptr.dtype.element_ty)
-    s_i = tl.zeros((BLOCK_N,), dtype=prm_ptr.dtype.element_ty)
-    a0 = tl.zeros((BLOCK_N,), dtype=prm_ptr.dtype.element_ty)
-    a1 = tl.zeros((BLOCK_N,), dtype=prm_ptr.dtype.element_ty)
-    a2 = tl.zeros((BLOCK_N,), dtype=prm_ptr.dtype.element_ty)
+    x0, x1, x2, m_i, s_i, a0, a1, a2 = _soa_wmean_start(xt_ptr, rows, rmask, N, prm_ptr, D, BLOCK_N)
     for k in range(k0, k1):
         j0 = tl.load(cblk_ptr + k) * BLOCK
         for t in tl.static_range(BLOCK // BLOCK_M):
             cols, cmask = _tile_cols(j0 + t * BLOCK_M, M, BLOCK_M)
-            y0 = _coord(yt_ptr, cols, cmask, 0, M, D)
-            y1 = _coord(yt_ptr, cols, cmask, 1, M, D)
-            y2 = _coord(yt_ptr, cols, cmask, 2, M, D)
-            d0 = y0[:, None] - x0[None, :]  # y - x, (BLOCK_M, BLOCK_N)
-            d1 = y1[:, None] - x1[None, :]
-            d2 = y2[:, None] - x2[None, :]
-            sq = d0 * d0 + d1 * d1 + d2 * d2
-            if P == 1:
-                c = tl.sqrt(sq) * cscale
-            else:
-                c = sq * cscale
-            h = tl.load(h_ptr + cols, mask=cmask, other=float("-inf"))
-            m_i, alpha, w = _lse_step(m_i, h[:, None] - c, 0)
-            s_i = s_i * alpha + tl.sum(w, 0)
-            if UNIT:  # sum_j w_ij (x_i - y_j) / |x_i - y_j|
-                w = tl.where(sq > 0, -w / tl.sqrt(tl.where(sq > 0, sq, 1.0)), 0.0)
-                a0 = a0 * alpha + tl.sum(w * d0, 0)
-                a1 = a1 * alpha + tl.sum(w * d1, 0)
-                a2 = a2 * alpha + tl.sum(w * d2, 0)
-            else:  # sum_j w_ij y_j
-                a0 = a0 * alpha + tl.sum(w * y0[:, None], 0)
-                a1 = a1 * alpha + tl.sum(w * y1[:, None], 0)
-                a2 = a2 * alpha + tl.sum(w * y2[:, None], 0)
-    base = out_ptr + b * N * D + rows * D
-    tl.store(base, a0 / s_i, mask=rmask)
-    if D > 1:
-        tl.store(base + 1, a1 / s_i, mask=rmask)
-    if D > 2:
-        tl.store(base + 2, a2 / s_i, mask=rmask)
+            m_i, s_i, a0, a1, a2 = _soa_wmean_tile(yt_ptr, h_ptr, cols, cmask, M, x0, x1, x2, cscale, m_i, s_i, a0,
+                                                   a1, a2, D, P, UNIT)
+    _store_coords(out_ptr + b * N * D, rows, rmask, a0, a1, a2, s_i, D)
 
 
 @triton.jit

@@ -262,3 +262,72 @@ def _soa_lse_tile(xt_ptr, yt_ptr, h_ptr, rows, rmask, cols, cmask, stride_xk, st
         m_i, alpha, w = _lse_step(m_i, h[None, :] - c, 1)
         s_i = s_i * alpha + tl.sum(w, 1)
     return m_i, s_i
+
+
+@triton.jit
+def _coord(ptr, idx, mask, k: tl.constexpr, stride, D: tl.constexpr):
+    """Coordinate ``k`` of the coordinate-major points at ``idx`` (coordinates ``stride`` apart), in the compute
+    dtype; zeros when k >= D (the weighted-mean tile step keeps three coordinates, D <= 3)."""
+    if k < D:
+        v = _up(tl.load(ptr + k * stride + idx, mask=mask, other=0.0))
+    else:
+        v = tl.zeros(idx.shape, dtype=ptr.dtype.element_ty)
+    return v
+
+
+@triton.jit
+def _soa_wmean_start(xt_ptr, rows, rmask, stride_xk, prm_ptr, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The state of :func:`_soa_wmean_tile` before the first tile: the rows' coordinates x0, x1, x2 (zeros past
+    D), running max -inf, sum 0 and accumulators 0, in the compute dtype (that of ``prm_ptr``)."""
+    x0 = _coord(xt_ptr, rows, rmask, 0, stride_xk, D)
+    x1 = _coord(xt_ptr, rows, rmask, 1, stride_xk, D)
+    x2 = _coord(xt_ptr, rows, rmask, 2, stride_xk, D)
+    m_i = tl.full((BLOCK_N,), float("-inf"), dtype=prm_ptr.dtype.element_ty)
+    zero = tl.zeros((BLOCK_N,), dtype=prm_ptr.dtype.element_ty)
+    return x0, x1, x2, m_i, zero, zero, zero, zero
+
+
+@triton.jit
+def _soa_wmean_tile(yt_ptr, h_ptr, cols, cmask, stride_yk, x0, x1, x2, cscale, m_i, s_i, a0, a1, a2,
+                    D: tl.constexpr, P: tl.constexpr, UNIT: tl.constexpr):
+    """One online step of the small-d weighted mean (D <= 3) over the columns ``cols`` of coordinate-major points
+    (coordinates ``stride_yk`` apart), for the rows whose coordinates are x0, x1, x2 ((BLOCK_N,), zeros past D):
+    (BLOCK_M, BLOCK_N) tiles reduced over axis 0, so that with BLOCK_N = 32 x num_warps each thread owns a row.
+    Returns the running max and sum of the rows' weights 2^(h_j - C_ij / eps) and one accumulator per
+    coordinate of sum_j w_ij phi_ij (``UNIT``: phi = (x - y) / |x - y|, 0 at x = y; else phi = y), all rescaled
+    to the new max."""
+    y0 = _coord(yt_ptr, cols, cmask, 0, stride_yk, D)
+    y1 = _coord(yt_ptr, cols, cmask, 1, stride_yk, D)
+    y2 = _coord(yt_ptr, cols, cmask, 2, stride_yk, D)
+    d0 = y0[:, None] - x0[None, :]  # y - x, (BLOCK_M, BLOCK_N)
+    d1 = y1[:, None] - x1[None, :]
+    d2 = y2[:, None] - x2[None, :]
+    sq = d0 * d0 + d1 * d1 + d2 * d2
+    if P == 1:
+        c = tl.sqrt(sq) * cscale
+    else:
+        c = sq * cscale
+    h = tl.load(h_ptr + cols, mask=cmask, other=float("-inf"))
+    m_i, alpha, w = _lse_step(m_i, h[:, None] - c, 0)
+    s_i = s_i * alpha + tl.sum(w, 0)
+    if UNIT:  # sum_j w_ij (x_i - y_j) / |x_i - y_j|
+        w = tl.where(sq > 0, -w / tl.sqrt(tl.where(sq > 0, sq, 1.0)), 0.0)
+        a0 = a0 * alpha + tl.sum(w * d0, 0)
+        a1 = a1 * alpha + tl.sum(w * d1, 0)
+        a2 = a2 * alpha + tl.sum(w * d2, 0)
+    else:  # sum_j w_ij y_j
+        a0 = a0 * alpha + tl.sum(w * y0[:, None], 0)
+        a1 = a1 * alpha + tl.sum(w * y1[:, None], 0)
+        a2 = a2 * alpha + tl.sum(w * y2[:, None], 0)
+    return m_i, s_i, a0, a1, a2
+
+
+@triton.jit
+def _store_coords(out_ptr, rows, rmask, a0, a1, a2, s_i, D: tl.constexpr):
+    """Store the weighted means a_k / s_i of rows ``rows`` into a row-major (N, D) output (D <= 3)."""
+    base = out_ptr + rows * D
+    tl.store(base, a0 / s_i, mask=rmask)
+    if D > 1:
+        tl.store(base + 1, a1 / s_i, mask=rmask)
+    if D > 2:
+        tl.store(base + 2, a2 / s_i, mask=rmask)
