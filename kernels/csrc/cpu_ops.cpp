@@ -39,7 +39,9 @@ template <typename To, typename From> inline To bit_cast(From v) {
 }
 
 // exp(x) for x <= 0 (clamped at -80), 0 below -80; polynomial on [-ln2/2, ln2/2] times 2^n.
-// Branch-free and inlinable so that `#pragma omp simd` loops vectorise it.
+// Branch-free and inlinable so that `#pragma omp simd` loops vectorise it. float: a degree-6 polynomial fitted
+// to the relative error on that interval (max 9.7e-8 evaluated in float32, as the degree-7 Taylor polynomial's
+// 8.8e-8, one multiply-add fewer); double: Taylor to degree 12.
 inline float exp_neg(float x) {
   const float xc = std::max(x, -80.0f);
   const float shifter = 12582912.0f;  // 1.5 * 2^23: rounds to nearest integer in the low mantissa bits
@@ -47,12 +49,11 @@ inline float exp_neg(float x) {
   const float n = k - shifter;
   float r = xc - n * 0.693145751953125f;
   r = r - n * 1.42860682030941723212e-6f;
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
+  float p = 1.3836845755577087e-3f;
+  p = p * r + 8.374815806746483e-3f;
+  p = p * r + 4.166822507977486e-2f;
+  p = p * r + 1.6666419804096222e-1f;
+  p = p * r + 4.9999991059303284e-1f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
   const int32_t ni = bit_cast<int32_t>(k) - bit_cast<int32_t>(shifter);
@@ -114,17 +115,23 @@ inline void sq_dist_tile(const T* __restrict xb, const T* __restrict yt, int64_t
 // logits l = h - C / eps in place, C = sqrt(s) (p = 1) or s / 2 (p = 2); returns the max.
 template <typename T>
 inline T logits_row(T* __restrict s, const T* __restrict h, int jn, int p, T inv_eps) {
+  T mx = -std::numeric_limits<T>::infinity();
   if (p == 1) {
-#pragma omp simd
-    for (int j = 0; j < jn; ++j) s[j] = h[j] - std::sqrt(s[j]) * inv_eps;
+#pragma omp simd reduction(max : mx)
+    for (int j = 0; j < jn; ++j) {
+      const T l = h[j] - std::sqrt(s[j]) * inv_eps;
+      s[j] = l;
+      mx = mx > l ? mx : l;
+    }
   } else {
     const T c = T(0.5) * inv_eps;
-#pragma omp simd
-    for (int j = 0; j < jn; ++j) s[j] = h[j] - s[j] * c;
-  }
-  T mx = -std::numeric_limits<T>::infinity();
 #pragma omp simd reduction(max : mx)
-  for (int j = 0; j < jn; ++j) mx = mx > s[j] ? mx : s[j];
+    for (int j = 0; j < jn; ++j) {
+      const T l = h[j] - s[j] * c;
+      s[j] = l;
+      mx = mx > l ? mx : l;
+    }
+  }
   return mx;
 }
 
