@@ -182,6 +182,22 @@ def section_loss(device, n: int, d: int, reps: int) -> dict:
 
 
 # --------------------------------------------------------------------------------- soft-min, d = 2
+def _timed(fn, device, reps: int):
+    """(seconds of max(reps, 5) calls after a first one, seconds of the first call, last output)."""
+    t0 = time.perf_counter()
+    out = fn()
+    _sync(device)
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(max(reps, 5)):
+        _sync(device)
+        t0 = time.perf_counter()
+        out = fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return times, first, out
+
+
 def section_softmin(device, n: int, reps: int, clock_mhz) -> dict:
     """Autotuned float32 small-d soft-min at d = 2: pairs / s and the fraction of the exp2 limit."""
     from srot_fast.kernels import triton_softmin as tri
@@ -204,17 +220,9 @@ def section_softmin(device, n: int, reps: int, clock_mhz) -> dict:
                    exp2_limit_per_s=limit)
     for p in (1, 2):
         eps = 0.05 if p == 1 else 0.05**2
-        t0 = time.perf_counter()
-        tri.softmin_fwd(x, y, h, eps, p, autotune=device.type == "cuda")  # tunes once per key
-        _sync(device)
-        first = time.perf_counter() - t0
-        times = []
-        for _ in range(max(reps, 5)):
-            _sync(device)
-            t0 = time.perf_counter()
-            tri.softmin_fwd(x, y, h, eps, p, autotune=device.type == "cuda")
-            _sync(device)
-            times.append(time.perf_counter() - t0)
+        # the first call tunes (once per key)
+        times, first, _ = _timed(lambda eps=eps, p=p: tri.softmin_fwd(x, y, h, eps, p, autotune=device.type == "cuda"),
+                                 device, reps)
         sec = statistics.median(times)
         rate = n * n / sec
         out["cases"][f"p{p}"] = dict(seconds=sec, seconds_all=times, seconds_first_call=first, pairs_per_s=rate,
@@ -223,22 +231,6 @@ def section_softmin(device, n: int, reps: int, clock_mhz) -> dict:
         out["tuned_configs"] = tri.tuned_configs()
         out["sm_clock_mhz_after"] = _smi("clocks.sm")
     return out
-
-
-def _median_time(fn, device, reps: int):
-    """(median seconds over max(reps, 5) calls, seconds of the first call, last output)."""
-    t0 = time.perf_counter()
-    out = fn()
-    _sync(device)
-    first = time.perf_counter() - t0
-    times = []
-    for _ in range(max(reps, 5)):
-        _sync(device)
-        t0 = time.perf_counter()
-        out = fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), first, out
 
 
 WMEAN_TILES = ({}, dict(block_n=128, block_m=64, num_warps=4), dict(block_n=64, block_m=32, num_warps=2),
@@ -250,13 +242,16 @@ def _wmean_case(tri, device, x, y, h, p: int, reps: int) -> dict:
     tune = device.type == "cuda"
     n, eps = x.shape[0], 0.05 if p == 1 else 0.05**2
     case = {}
-    sec, _, _ = _median_time(lambda: tri.softmin_fwd(x, y, h, eps, p, autotune=tune), device, reps)
+    times, _, _ = _timed(lambda: tri.softmin_fwd(x, y, h, eps, p, autotune=tune), device, reps)
+    sec = statistics.median(times)
     case["softmin"] = dict(seconds=sec, pairs_per_s=n * n / sec)
-    sec, first, base = _median_time(lambda: tri.weighted_mean_fwd(x, y, h, eps, p, autotune=tune), device, reps)
+    times, first, base = _timed(lambda: tri.weighted_mean_fwd(x, y, h, eps, p, autotune=tune), device, reps)
+    sec = statistics.median(times)
     case["default"] = dict(seconds=sec, seconds_first_call=first, pairs_per_s=n * n / sec)
     for kw in WMEAN_TILES:
-        sec, first, got = _median_time(lambda kw=kw: tri.weighted_mean_fwd(x, y, h, eps, p, trans=True, **kw),
-                                       device, reps)
+        times, first, got = _timed(lambda kw=kw: tri.weighted_mean_fwd(x, y, h, eps, p, trans=True, **kw), device,
+                                   reps)
+        sec = statistics.median(times)
         name = "trans " + (",".join(f"{k}={v}" for k, v in kw.items()) or "default")
         case[name] = dict(seconds=sec, seconds_first_call=first, pairs_per_s=n * n / sec,
                           speedup_over_default=case["default"]["seconds"] / sec,
