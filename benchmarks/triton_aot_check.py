@@ -41,6 +41,7 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 import triton  # noqa: E402
 from srot_fast.kernels.triton import autotune as A  # noqa: E402
+from srot_fast.kernels.triton import blocksparse as B  # noqa: E402
 from srot_fast.kernels.triton import kernels as K  # noqa: E402
 from srot_fast.kernels.triton import sparse_kernels as S  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
@@ -221,16 +222,26 @@ def jobs(quick: bool, arch: int) -> list:
                     dict(D=d, P=p, DOT=dot, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk), 4, 3, half=half)
             add("_max_sq_fwd_kernel", dt,
                 dict(D=d, DOT=dot, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk), 4, 3, half=half)
-    # block-sparse kernels at the launchers' blocks (rows of 64-point blocks in 32s / 16s)
+    # small-d weighted mean with a thread per row (trans=True, D <= 3): the launcher's default and the benchmark's
+    # tiles (benchmarks/gpu_kernels.py), half points at the default
+    for dt in ("fp32", "fp64"):
+        for d in (2,) if quick else (1, 2, 3):
+            for p, unit in ((1, True), (2, False), (1, False)):
+                for bn, bm, w in ((64, 64, 2),) if quick else ((64, 64, 2), (128, 64, 4), (64, 32, 2), (128, 32, 4)):
+                    add("_weighted_mean_soa_kernel", dt, dict(D=d, P=p, UNIT=unit, BLOCK_N=bn, BLOCK_M=bm), w, 3,
+                        half=halves(bn == 64 and bm == 64, False) if dt == "fp32" else ())
+    # block-sparse kernels at the launchers' tiles (blocksparse.TILE for the soft-min and the weighted mean, 32 x 64
+    # for the argmax; rows of 64-point blocks)
+    tile_n, tile_m, trans, warps = B.TILE
     for dt in ("fp32", "fp64"):
         for d in (2,) if quick else (1, 2, 3):
             for p in (1, 2):
-                blocks = dict(BLOCK=64, BLOCK_N=32, BLOCK_M=64)
-                add("_bs_softmin_kernel", dt, dict(D=d, P=p, **blocks), 4, 3)
-                add("_bs_argmax_kernel", dt, dict(D=d, P=p, **blocks), 4, 3)
+                add("_bs_softmin_kernel", dt, dict(D=d, P=p, BLOCK=B.BLOCK, BLOCK_N=tile_n, BLOCK_M=tile_m,
+                                                   TRANS=trans), warps, 3)
+                add("_bs_argmax_kernel", dt, dict(D=d, P=p, BLOCK=B.BLOCK, BLOCK_N=32, BLOCK_M=64), 4, 3)
                 for unit in (p == 1, False) if p == 1 else (False,):
-                    add("_bs_wmean_kernel", dt, dict(D=d, P=p, UNIT=unit, BLOCK=64, BLOCK_N=16, BLOCK_M=32,
-                                                     BLOCK_D=max(2, triton.next_power_of_2(d))), 4, 3)
+                    add("_bs_wmean_kernel", dt, dict(D=d, P=p, UNIT=unit, BLOCK=B.BLOCK, BLOCK_N=tile_n,
+                                                     BLOCK_M=tile_m), warps, 3)
     return out
 
 
