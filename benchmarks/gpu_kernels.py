@@ -1,5 +1,6 @@
-"""Triton kernel figures for one GPU, in under 3 minutes on an H100: half-precision points and the small-d
-soft-min against the exp2 limit of the card, and the small-d weighted mean's two kernels.
+"""Triton kernel figures for one GPU: half-precision points and the small-d soft-min against the exp2 limit of
+the card (these two sections in under 3 minutes on an H100), and the small-d weighted mean's two kernels (its
+first call at each (d, p) autotunes the default kernel).
 
 1. ``loss``: balanced Sinkhorn loss + gradient (``sinkhorn``, p = 2, d = 64, n = m = 50k, blur 0.1 on
    points of scale ~1, GeomLoss's fixed schedule ``tol=None``: every run takes the same passes) with the
