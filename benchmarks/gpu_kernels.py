@@ -17,7 +17,8 @@ first call at each (d, p) autotunes the default kernel).
    per pair (SASS counts: benchmarks/triton_aot_check.py). The clock is the card's maximum SM clock
    (nvidia-smi or pynvml; ``--clock-mhz`` overrides), so the fraction is a lower bound when the card runs
    below it; the SM clock read after the runs is reported too.
-3. ``wmean_small_d``: the float32 weighted mean (the gradient's pass) at d = 2 and 3, n = m = 100k, p = 1 and 2:
+3. ``wmean_small_d``: the float32 weighted mean of the gradient's pass (``phi="grad"``: the unit direction at
+   p = 1, x - mean y at p = 2) at d = 2 and 3, n = m = 100k, p = 1 and 2:
    the default small-d kernel (autotuned) against ``trans=True`` (the block-sparse kernel's tile step: a
    thread per row, one accumulator per coordinate) at a few tiles, with the soft-min of the same size beside
    them; seconds, pairs per second and the largest difference from the default kernel's output.
@@ -246,12 +247,13 @@ def _wmean_case(tri, device, x, y, h, p: int, reps: int) -> dict:
     times, _, _ = _timed(lambda: tri.softmin_fwd(x, y, h, eps, p, autotune=tune), device, reps)
     sec = statistics.median(times)
     case["softmin"] = dict(seconds=sec, pairs_per_s=n * n / sec)
-    times, first, base = _timed(lambda: tri.weighted_mean_fwd(x, y, h, eps, p, autotune=tune), device, reps)
+    times, first, base = _timed(lambda: tri.weighted_mean_fwd(x, y, h, eps, p, "grad", autotune=tune), device,
+                                reps)
     sec = statistics.median(times)
     case["default"] = dict(seconds=sec, seconds_first_call=first, pairs_per_s=n * n / sec)
     for kw in WMEAN_TILES:
-        times, first, got = _timed(lambda kw=kw: tri.weighted_mean_fwd(x, y, h, eps, p, trans=True, **kw), device,
-                                   reps)
+        times, first, got = _timed(lambda kw=kw: tri.weighted_mean_fwd(x, y, h, eps, p, "grad", trans=True, **kw),
+                                   device, reps)
         sec = statistics.median(times)
         name = "trans " + (",".join(f"{k}={v}" for k, v in kw.items()) or "default")
         case[name] = dict(seconds=sec, seconds_first_call=first, pairs_per_s=n * n / sec,
@@ -264,7 +266,7 @@ def section_wmean(device, n: int, reps: int) -> dict:
     """float32 small-d weighted mean: the default kernel (autotuned on a GPU) against ``trans=True`` tiles."""
     from srot_fast.kernels import triton_softmin as tri
 
-    out = dict(n=n, m=n, dtype="float32", phi="y", cases={})
+    out = dict(n=n, m=n, dtype="float32", phi="grad", cases={})
     for d in (2, 3):
         gen = torch.Generator().manual_seed(2)
         x = torch.randn(n, d, generator=gen).to(device)

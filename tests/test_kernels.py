@@ -200,6 +200,25 @@ def test_triton_weighted_mean_thread_per_row_tile(dtype, phi, d, p):
         x4, y4, h4, _ = _problem(4, dtype, p)
         with pytest.raises(ValueError, match="trans=True"):
             mod.weighted_mean_fwd(x4, y4, h4, 0.05 * scale, p, phi, trans=True)
+        if dtype == torch.float32:  # the tl.dot path has no such tile
+            with pytest.raises(ValueError, match="trans=True"):
+                mod.weighted_mean_fwd(x, y, h, 0.05 * scale, p, phi, path="dot", trans=True)
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d,p", [(2, 1), (3, 2)])
+def test_triton_weighted_mean_thread_per_row_tile_half_points(dtype, d, p):
+    """Half points through ``trans=True``: loaded as they are and computed in float32, so the result matches the
+    float64 reference on the same (rounded) points to float32 accuracy; the output is float32."""
+    mod = _backend("triton")
+    x, y, h, scale = _problem(d, dtype, p)
+    h = h.float()
+    for phi in ("y", "grad"):
+        out = mod.weighted_mean_fwd(x, y, h, 0.05 * scale, p, phi, trans=True, block_n=16, block_m=16)
+        assert out.dtype == torch.float32
+        expected = _ref64(ref.weighted_mean, x, y, h.double(), 0.05 * scale, p, phi)
+        _close(out, expected, torch.float32, y.abs().max().item() + x.abs().max().item())
 
 
 @pytest.mark.triton

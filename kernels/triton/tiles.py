@@ -267,7 +267,8 @@ def _soa_lse_tile(xt_ptr, yt_ptr, h_ptr, rows, rmask, cols, cmask, stride_xk, st
 @triton.jit
 def _coord(ptr, idx, mask, k: tl.constexpr, stride, D: tl.constexpr):
     """Coordinate ``k`` of the coordinate-major points at ``idx`` (coordinates ``stride`` apart), in the compute
-    dtype; zeros when k >= D (the weighted-mean tile step keeps three coordinates, D <= 3)."""
+    dtype; zeros of the points' dtype when k >= D (the weighted-mean tile step keeps three coordinates, D <= 3;
+    they promote to the compute dtype where they meet the other coordinates)."""
     if k < D:
         v = _up(tl.load(ptr + k * stride + idx, mask=mask, other=0.0))
     else:
@@ -293,9 +294,10 @@ def _soa_wmean_tile(yt_ptr, h_ptr, cols, cmask, stride_yk, x0, x1, x2, cscale, m
     """One online step of the small-d weighted mean (D <= 3) over the columns ``cols`` of coordinate-major points
     (coordinates ``stride_yk`` apart), for the rows whose coordinates are x0, x1, x2 ((BLOCK_N,), zeros past D):
     (BLOCK_M, BLOCK_N) tiles reduced over axis 0, so that with BLOCK_N = 32 x num_warps each thread owns a row.
-    Returns the running max and sum of the rows' weights 2^(h_j - C_ij / eps) and one accumulator per
-    coordinate of sum_j w_ij phi_ij (``UNIT``: phi = (x - y) / |x - y|, 0 at x = y; else phi = y), all rescaled
-    to the new max."""
+    Returns the running max and sum of the rows' weights exp(h_j - C_ij / eps) (computed in base 2: ``h_ptr``
+    holds h log2(e), ``cscale`` from :func:`_cost_scale`) and one accumulator per coordinate of
+    sum_j w_ij phi_ij (``UNIT``: phi = (x - y) / |x - y|, 0 at x = y; else phi = y), all rescaled to the new
+    max."""
     y0 = _coord(yt_ptr, cols, cmask, 0, stride_yk, D)
     y1 = _coord(yt_ptr, cols, cmask, 1, stride_yk, D)
     y2 = _coord(yt_ptr, cols, cmask, 2, stride_yk, D)
