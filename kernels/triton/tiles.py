@@ -153,14 +153,19 @@ def _sq_tile(
 
 
 @triton.jit
-def _logits_tile(sq, h_ptr, cols, cmask, cscale, P: tl.constexpr):
-    """(BLOCK_N, BLOCK_M) logits h_j - C_ij / eps in the units of ``h`` (base 2 or e; ``cscale`` = the
-    matching 1 / eps for p = 1, 1 / (2 eps) for p = 2); -inf on padding columns."""
+def _logits_tile(sq, h_ptr, cols, cmask, cscale, P: tl.constexpr, TRANS: tl.constexpr = False):
+    """(BLOCK_N, BLOCK_M) logits h_j - C_ij / eps from the squared distances ``sq`` of the tile, in the units of
+    ``h`` (base 2 or e; ``cscale`` = the matching 1 / eps for p = 1, 1 / (2 eps) for p = 2); -inf on padding
+    columns. ``TRANS``: ``sq`` and the logits are (BLOCK_M, BLOCK_N), columns along axis 0."""
     h = tl.load(h_ptr + cols, mask=cmask, other=float("-inf"))
     if P == 1:
-        logit = h[None, :] - tl.sqrt(sq) * cscale
+        c = tl.sqrt(sq) * cscale
     else:
-        logit = h[None, :] - sq * cscale
+        c = sq * cscale
+    if TRANS:
+        logit = h[:, None] - c
+    else:
+        logit = h[None, :] - c
     return logit
 
 
@@ -250,16 +255,12 @@ def _soa_lse_tile(xt_ptr, yt_ptr, h_ptr, rows, rmask, cols, cmask, stride_xk, st
     after the tile's logits h_j - C_ij / eps (``cscale``: :func:`_cost_scale`)."""
     sq = _sq_dist_tile_soa(xt_ptr, yt_ptr, rows, rmask, cols, cmask, stride_xk, stride_yk, D, TRANS, BLOCK_N,
                            BLOCK_M)
-    if P == 1:
-        c = tl.sqrt(sq) * cscale
-    else:
-        c = sq * cscale
-    h = tl.load(h_ptr + cols, mask=cmask, other=float("-inf"))
+    logit = _logits_tile(sq, h_ptr, cols, cmask, cscale, P, TRANS)
     if TRANS:
-        m_i, alpha, w = _lse_step(m_i, h[:, None] - c, 0)
+        m_i, alpha, w = _lse_step(m_i, logit, 0)
         s_i = s_i * alpha + tl.sum(w, 0)
     else:
-        m_i, alpha, w = _lse_step(m_i, h[None, :] - c, 1)
+        m_i, alpha, w = _lse_step(m_i, logit, 1)
         s_i = s_i * alpha + tl.sum(w, 1)
     return m_i, s_i
 
@@ -305,12 +306,7 @@ def _soa_wmean_tile(yt_ptr, h_ptr, cols, cmask, stride_yk, x0, x1, x2, cscale, m
     d1 = y1[:, None] - x1[None, :]
     d2 = y2[:, None] - x2[None, :]
     sq = d0 * d0 + d1 * d1 + d2 * d2
-    if P == 1:
-        c = tl.sqrt(sq) * cscale
-    else:
-        c = sq * cscale
-    h = tl.load(h_ptr + cols, mask=cmask, other=float("-inf"))
-    m_i, alpha, w = _lse_step(m_i, h[:, None] - c, 0)
+    m_i, alpha, w = _lse_step(m_i, _logits_tile(sq, h_ptr, cols, cmask, cscale, P, True), 0)
     s_i = s_i * alpha + tl.sum(w, 0)
     if UNIT:  # sum_j w_ij (x_i - y_j) / |x_i - y_j|
         w = tl.where(sq > 0, -w / tl.sqrt(tl.where(sq > 0, sq, 1.0)), 0.0)
