@@ -17,7 +17,8 @@ Run:
 - ``python benchmarks/bench_convergence.py [--quick] [--n 1000 4000] [--d 2 64] [--out FILE.json]``: the grid
   (or a subset), a Markdown table and summary lines (``--md FILE`` writes the table);
 - ``--dropin --n 1000 5000 --d 2 64``: ``SROTLoss()`` against ``geomloss.SamplesLoss()`` (both defaults), loss +
-  gradient, values against a float64 solve (``dropin_case``);
+  gradient, values against a float64 solve (``dropin_case``; ``--refs FILE`` keeps those references, which take
+  tens of minutes at n = 5000, so that ``--refs-only`` can compute them apart from the timed run);
 - ``--batch``: B = 64 problems of 256 points, one batched call against a loop and GeomLoss tensorized
   (``batch_case``).
 """
@@ -192,23 +193,39 @@ def _timed(fn, repeats: int):
     return best, out
 
 
-def dropin_case(n: int, d: int, repeats: int = 2, ref_max_iter: int = 5000) -> dict:
-    """``SROTLoss()`` against ``geomloss.SamplesLoss()`` (both defaults: p = 2, blur 0.05, debiased), float32,
-    loss + gradient w.r.t. x, two unit Gaussians 0.5 apart; values against a float64 ``SROTLoss`` solved to
-    tol 1e-6 / value_tol 1e-9. Timings interleaved, best of ``repeats``."""
-    import geomloss
-
-    from srot_fast import SROTLoss
-
+def _dropin_data(n: int, d: int):
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(n, d, generator=gen)
     y = torch.randn(n, d, generator=gen)
     y[:, 0] += 0.5
+    return x, y
+
+
+def dropin_reference(n: int, d: int, ref_max_iter: int = 5000) -> dict:
+    """The converged value of ``dropin_case``'s problem: a float64 ``SROTLoss`` (the defaults otherwise) solved to
+    tol 1e-6 / value_tol 1e-9; {"ref": value, "ref_marginal_error": its marginal error}."""
+    from srot_fast import SROTLoss
+
+    x, y = _dropin_data(n, d)
     ref_loss = SROTLoss(tol=1e-6, value_tol=1e-9, max_iter=ref_max_iter)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ref = float(ref_loss(x.double(), y.double()))
-    ref_err = float(ref_loss.last_result.marginal_error)
+    return dict(ref=ref, ref_marginal_error=float(ref_loss.last_result.marginal_error))
+
+
+def dropin_case(n: int, d: int, repeats: int = 2, ref_max_iter: int = 5000, ref: dict | None = None) -> dict:
+    """``SROTLoss()`` against ``geomloss.SamplesLoss()`` (both defaults: p = 2, blur 0.05, debiased), float32,
+    loss + gradient w.r.t. x, two unit Gaussians 0.5 apart; values against ``dropin_reference`` (computed here
+    unless ``ref`` gives it). Timings interleaved, best of ``repeats``."""
+    import geomloss
+
+    from srot_fast import SROTLoss
+
+    x, y = _dropin_data(n, d)
+    if ref is None:
+        ref = dropin_reference(n, d, ref_max_iter)
+    ref, ref_err = ref["ref"], ref["ref_marginal_error"]
 
     def run(loss):
         xg = x.clone().requires_grad_()
@@ -365,10 +382,16 @@ def main(argv=None) -> int:
     ap.add_argument("--from-json", nargs="+", metavar="FILE", help="no solving: merge these --out files, report")
     ap.add_argument("--dropin", action="store_true", help="SROTLoss() vs SamplesLoss() at each --n x --d instead")
     ap.add_argument("--batch", action="store_true", help="the batched solve (B = 64 x 256 points) instead")
+    ap.add_argument("--refs", metavar="FILE", help="--dropin: JSON of the float64 reference values by n and d, "
+                    "read when it exists, completed and rewritten with those computed (--refs-only: no timing)")
+    ap.add_argument("--refs-only", action="store_true", help="--dropin: compute the references (--refs) only")
     args = ap.parse_args(argv)
+    if args.dropin and args.refs_only and not args.refs:
+        ap.error("--refs-only needs --refs FILE")
     if args.dropin or args.batch:
-        rows = ([dropin_case(n, d, ref_max_iter=args.ref_max_iter) for n in args.n for d in args.d] if args.dropin
-                else [batch_case()])
+        rows = ([_dropin_row(n, d, args) for n in args.n for d in args.d] if args.dropin else [batch_case()])
+        if args.refs_only:
+            return 0
         for r in rows:
             print(json.dumps(r), flush=True)
         if args.out:
@@ -405,6 +428,23 @@ def main(argv=None) -> int:
             with open(args.out, "w") as f:
                 json.dump(dict(meta=meta, rows=rows), f, indent=1)
     return _report(rows, args.md)
+
+
+def _dropin_row(n: int, d: int, args) -> dict:
+    """``dropin_case`` at (n, d), its reference read from the ``--refs`` file or computed (and added to it)."""
+    refs, key = {}, f"n={n},d={d},ref_max_iter={args.ref_max_iter}"
+    if args.refs:
+        try:
+            with open(args.refs) as f:
+                refs = json.load(f)
+        except FileNotFoundError:
+            pass
+    if key not in refs:
+        refs[key] = dict(dropin_reference(n, d, args.ref_max_iter), **machine())
+        if args.refs:
+            with open(args.refs, "w") as f:
+                json.dump(refs, f, indent=1)
+    return refs[key] if args.refs_only else dropin_case(n, d, ref_max_iter=args.ref_max_iter, ref=refs[key])
 
 
 def _report(rows, md) -> int:
