@@ -13,6 +13,7 @@ import math
 import torch
 
 DEPTH = 5  # potentials kept in the history
+RESTART_GAP = 2  # partial OT with offsets: a bad step this soon after a restart does not restart again
 
 
 def _identity(t: torch.Tensor) -> torch.Tensor:
@@ -47,14 +48,19 @@ class Anderson:
     the (B,) dual objective passed to :meth:`step` is at its best so far: the iterate then made progress on the
     objective Sinkhorn maximises and is kept. Unbalanced OT and partial OT with cost offsets use ``by_value``;
     balanced OT and partial OT without offsets keep the error test alone (measured, docs/DESIGN.md,
-    Acceleration). Residuals count on points of positive weight only (``mask`` (B, M)), so zero-weight padding
-    changes nothing. ``rank_sum`` completes sums over points taken on one shard of a sharded geometry (the
-    identity otherwise)."""
+    Acceleration). With ``restart_gap`` = k > 0 (the loop passes RESTART_GAP for partial OT with offsets), a bad
+    step within k updates of a restart takes the plain step but keeps the (fresh) history: restarting again
+    would leave two entries, whose extrapolation can overshoot the same way at every restart, a cycle that made
+    no progress for thousands of updates there (on KL / TV the gap cost updates, on balanced OT it let the
+    free constant of the potentials wander between runs that round differently; docs/DESIGN.md). Residuals
+    count on points of positive weight only (``mask`` (B, M)), so zero-weight padding changes nothing.
+    ``rank_sum`` completes sums over points taken on one shard of a sharded geometry (the identity otherwise)."""
 
     def __init__(self, batch: int, like: torch.Tensor, mask: torch.Tensor, depth: int = DEPTH,
-                 rank_sum=_identity, by_value: bool = False):
+                 rank_sum=_identity, by_value: bool = False, restart_gap: int = 0):
         self.depth = depth
         self.by_value = by_value
+        self.restart_gap = restart_gap
         self.rank_sum = rank_sum
         self.mask = mask.double()
         self.images = None  # (B, depth + 1, M) float64 T(g_i), a ring buffer (allocated at the first step)
@@ -64,13 +70,16 @@ class Anderson:
         self.valid = like.new_zeros((batch, depth + 1), dtype=torch.bool)  # (B, depth + 1) slots since restart
         self.best = like.new_full((batch,), math.inf, dtype=torch.float64)  # (B,) smallest error seen
         self.top = like.new_full((batch,), -math.inf, dtype=torch.float64)  # (B,) largest dual objective seen
+        self.since = like.new_full((batch,), restart_gap + 1, dtype=torch.int64)  # (B,) updates since a restart
 
     def subset(self, idx: torch.Tensor) -> "Anderson":
         """The state of problems ``idx`` (int64 (K,)), for a smaller batch that goes on from here."""
-        out = Anderson(int(idx.numel()), self.best, self.mask[idx], self.depth, self.rank_sum, self.by_value)
+        out = Anderson(int(idx.numel()), self.best, self.mask[idx], self.depth, self.rank_sum, self.by_value,
+                       self.restart_gap)
         if self.images is not None:
             out.images, out.resid, out.inner = self.images[idx], self.resid[idx], self.inner[idx]
         out.slot, out.valid, out.best, out.top = self.slot, self.valid[idx], self.best[idx], self.top[idx]
+        out.since = self.since[idx]
         return out
 
     def step(self, g, g_hat, err, done, value=None):
@@ -84,7 +93,11 @@ class Anderson:
         err_inf = err.nan_to_num(math.inf)
         # a restart also restarts the best error: measured against an older, lower one, every later step would
         # count as bad and the problem would crawl on plain updates
-        self.best = torch.where(bad, err_inf, torch.minimum(self.best, err_inf))
+        restart = bad
+        if self.restart_gap:
+            restart = bad & (self.since > self.restart_gap)
+            self.since = torch.where(restart, torch.zeros_like(self.since), self.since + 1)
+        self.best = torch.where(restart, err_inf, torch.minimum(self.best, err_inf))
         if self.images is None:
             self.images = g.new_zeros((g.shape[0], self.depth + 1, g.shape[1]), dtype=torch.float64)
             self.resid = torch.zeros_like(self.images)
@@ -93,23 +106,26 @@ class Anderson:
         gh = self.images[:, w]                           # (B, M) view: T(g_w) in float64
         gh.copy_(g_hat)
         r_w = self.resid[:, w]
-        torch.mul(gh - g, self.mask, out=r_w)            # the masked residual, in place
-        row = self.rank_sum((self.resid @ r_w[:, :, None])[..., 0])  # (B, k + 1) <r_i, r_w>
+        torch.sub(gh, g, out=r_w).mul_(self.mask)        # the masked residual, in place
+        row = self.rank_sum(torch.bmm(self.resid, r_w[:, :, None])[..., 0])  # (B, k + 1) <r_i, r_w>
         self.inner[:, w], self.inner[:, :, w] = row, row
-        self.valid = self.valid & ~bad[:, None]
+        self.valid &= ~restart[:, None]
         self.valid[:, w] = True
         keep = self.valid.double()                       # (B, k + 1); slot w gives a zero row
-        # normal equations in the differences r_w - r_i: <r_w - r_i, r_w - r_j> and <r_w - r_i, r_w>
-        rhs = (row[:, w:w + 1] - row) * keep             # (B, k + 1)
-        gram = (rhs[:, :, None] - row[:, None, :] + self.inner) * (keep[:, :, None] * keep[:, None, :])
-        reg = 1e-10 * gram.diagonal(dim1=-2, dim2=-1).mean(-1) + 1e-300
-        gram = gram + reg[:, None, None] * torch.eye(self.depth + 1, dtype=gram.dtype, device=g.device)
+        # normal equations in the differences r_w - r_i: <r_w - r_i, r_w - r_j> = <r_i, r_j> - <r_i, r_w> + d_j
+        # with d_j = <r_w - r_j, r_w>, the right-hand side
+        d = row[:, w:w + 1] - row                        # (B, k + 1)
+        rhs = d * keep
+        gram = (self.inner - row[:, :, None] + d[:, None, :]) * (keep[:, :, None] * keep[:, None, :])
+        gram.diagonal(dim1=-2, dim2=-1).add_((1e-10 * gram.diagonal(dim1=-2, dim2=-1).mean(-1) + 1e-300)[:, None])
         # solve_ex: no error check, hence no host synchronisation on CUDA (a failed solve is caught below)
         gamma = torch.linalg.solve_ex(gram, rhs[:, :, None])[0]  # (B, k + 1, 1)
         # gamma is 0 on the masked slots (their rows and columns of the normal equations are 0 but the ridge),
         # slot w included; T(g_w) - sum_c gamma_c (T(g_w) - T(g_c)) = (1 - sum gamma) T(g_w) + sum_c gamma_c T(g_c)
-        coef = gamma.transpose(1, 2).clone()             # (B, 1, k + 1)
-        coef[:, 0, w] += 1 - gamma.sum((1, 2))
-        g_new = (coef @ self.images)[:, 0].to(g.dtype)   # (B, M)
-        ok = ~bad & (self.rank_sum((~torch.isfinite(g_new)).sum(-1).double()) == 0)
+        gamma[:, w, 0] += 1 - gamma.sum((1, 2))
+        g_new = torch.bmm(gamma.transpose(1, 2), self.images)[:, 0].to(g.dtype)  # (B, M)
+        finite = torch.isfinite(g_new).all(-1)
+        if self.rank_sum is not _identity:  # every shard's part finite
+            finite = self.rank_sum((~finite).double()) == 0
+        ok = finite & ~bad
         return torch.where(done[:, None], g, torch.where(ok[:, None], g_new, g_hat))

@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ._anderson import Anderson, Plain
+from ._anderson import RESTART_GAP, Anderson, Plain, _identity
 from .penalties import Penalty
 
 WINDOW = 8         # updates between two readings of the value test
@@ -49,10 +49,6 @@ class Solution:
 
 def _local_sum(t: torch.Tensor) -> torch.Tensor:
     return t.sum(-1)
-
-
-def _identity(t: torch.Tensor) -> torch.Tensor:
-    return t
 
 
 def _rank_sum(geom):
@@ -267,8 +263,9 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         real = getattr(geom, "real", geom)  # partial OT: the geometry of the real points
         offsets = getattr(real, "u", None) is not None or getattr(real, "v", None) is not None
         by_value = not (pen_a.balanced and pen_b.balanced) or (rebalance is not None and offsets)
-        stepper = (Anderson(batch, f, mask, rank_sum=_rank_sum(geom), by_value=by_value) if accelerate
-                   else Plain())
+        gap = RESTART_GAP if rebalance is not None and offsets else 0
+        stepper = (Anderson(batch, f, mask, rank_sum=_rank_sum(geom), by_value=by_value, restart_gap=gap)
+                   if accelerate else Plain())
     vtest = _ValueTest(value_tol) if vtest is None else vtest
     checks = _Checks(f.device, check_every)
     done = torch.zeros(batch, dtype=torch.bool, device=f.device)

@@ -280,7 +280,13 @@ def test_last_loose_solve_is_skipped_on_easy_problems_only(monkeypatch):
 def test_value_safeguard_pays_on_unbalanced_problems_with_offsets(monkeypatch):
     """Unbalanced and partial OT with cost offsets at p = 2, small blur: the error-only safeguard rejects many
     accelerated steps and the solve crawls. With the dual objective in the test, pooled over partial / KL / TV
-    and two seeds, at most half the updates (measured 1124 against 4640, n = 300) at the same value (1e-6)."""
+    and three seeds, at most half the updates (n = 300; measured 1400-1459 against 4439-6352 over four
+    rounding-level perturbations of the offsets, times 1 + 1e-15 z) at the same value: both stop at a marginal
+    error <= 1e-4, and their values differ by up to 2.4e-6 relative (asserted: 1e-5).
+
+    Seed 1's partial problem is left out: its accelerated count is chaotic (403-1945 updates under the same
+    perturbations, 358 to over 20000 before the safeguard's restart gap; plain Sinkhorn 29730), so no count on
+    it holds across CPUs."""
     import srot_fast._anderson as anderson
 
     def updates(by_value):
@@ -292,7 +298,7 @@ def test_value_safeguard_pays_on_unbalanced_problems_with_offsets(monkeypatch):
 
         monkeypatch.setattr(anderson.Anderson, "__init__", init)
         total, values = 0, []
-        for seed in (1, 2):  # offsets 0.1 diam^2 U(0, 1), blur 0.005 diam (diam: bounding-box diagonal)
+        for seed in (2, 3, 4):  # offsets 0.1 diam^2 U(0, 1), blur 0.005 diam (diam: bounding-box diagonal)
             g = torch.Generator().manual_seed(seed)
             x, y = torch.randn(300, 2, generator=g, dtype=F64), torch.randn(300, 2, generator=g, dtype=F64)
             y[:, 0] += 1.0
@@ -310,7 +316,28 @@ def test_value_safeguard_pays_on_unbalanced_problems_with_offsets(monkeypatch):
 
     (slow, v_slow), (fast, v_fast) = updates(False), updates(True)
     assert fast * 2 <= slow, (fast, slow)
-    assert v_fast == pytest.approx(v_slow, rel=1e-6)
+    assert v_fast == pytest.approx(v_slow, rel=1e-5)
+
+
+def test_safeguard_does_not_cycle_on_a_chaotic_partial_problem():
+    """Partial OT with offsets, n = 300, p = 2, blur 0.005 diam (the problem left out above): under
+    rounding-level changes of the offsets the safeguard used to fall into a two-step cycle (an overshooting
+    proposal from a two-entry history, a restart, again) and 2 of these 4 solves ran past 20000 updates (plain
+    Sinkhorn: 29730). With the restart gap each converges: measured 403-1945 updates; asserted within 6000."""
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(300, 2, generator=g, dtype=F64), torch.randn(300, 2, generator=g, dtype=F64)
+    y[:, 0] += 1.0
+    both = torch.cat([x, y])
+    diam = float((both.max(0).values - both.min(0).values).norm())
+    u, v = (0.1 * diam**2 * torch.rand(300, generator=g, dtype=F64) for _ in range(2))
+    for k in range(4):
+        z = torch.Generator().manual_seed(100 + k)
+        uk, vk = (u, v) if k == 0 else (t * (1 + 1e-15 * torch.randn(t.shape, generator=z, dtype=F64)) for t in (u, v))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            res = sinkhorn(x, y, p=2, eps=(0.005 * diam) ** 2, u=uk, v=vk, scaling=0.5, diameter=diam, tol=1e-4,
+                           max_iter=6000, backend="cpu", mass=0.5)
+        assert res.marginal_error <= 1e-4, (k, int(res.n_iter))
 
 
 def test_max_iter_caps_every_update():
