@@ -386,8 +386,8 @@ def main(argv=None) -> int:
                     "read when it exists, completed and rewritten with those computed (--refs-only: no timing)")
     ap.add_argument("--refs-only", action="store_true", help="--dropin: compute the references (--refs) only")
     args = ap.parse_args(argv)
-    if args.dropin and args.refs_only and not args.refs:
-        ap.error("--refs-only needs --refs FILE")
+    if args.refs_only and not (args.dropin and args.refs):
+        ap.error("--refs-only needs --dropin and --refs FILE")
     if args.dropin or args.batch:
         rows = ([_dropin_row(n, d, args) for n in args.n for d in args.d] if args.dropin else [batch_case()])
         if args.refs_only:
