@@ -201,7 +201,7 @@ def _dropin_data(n: int, d: int):
     return x, y
 
 
-def dropin_reference(n: int, d: int, ref_max_iter: int = 5000) -> dict:
+def dropin_reference(n: int, d: int, ref_max_iter: int = REF_MAX_ITER) -> dict:
     """The converged value of ``dropin_case``'s problem: a float64 ``SROTLoss`` (the defaults otherwise) solved to
     tol 1e-6 / value_tol 1e-9; {"ref": value, "ref_marginal_error": its marginal error}."""
     from srot_fast import SROTLoss
@@ -214,7 +214,7 @@ def dropin_reference(n: int, d: int, ref_max_iter: int = 5000) -> dict:
     return dict(ref=ref, ref_marginal_error=float(ref_loss.last_result.marginal_error))
 
 
-def dropin_case(n: int, d: int, repeats: int = 2, ref_max_iter: int = 5000, ref: dict | None = None) -> dict:
+def dropin_case(n: int, d: int, repeats: int = 2, ref_max_iter: int = REF_MAX_ITER, ref: dict | None = None) -> dict:
     """``SROTLoss()`` against ``geomloss.SamplesLoss()`` (both defaults: p = 2, blur 0.05, debiased), float32,
     loss + gradient w.r.t. x, two unit Gaussians 0.5 apart; values against ``dropin_reference`` (computed here
     unless ``ref`` gives it). Timings interleaved, best of ``repeats``."""

@@ -13,7 +13,7 @@ import math
 import torch
 
 DEPTH = 5  # potentials kept in the history
-RESTART_GAP = 2  # partial OT with offsets: a bad step this soon after a restart does not restart again
+RESTART_GAP = 2  # partial OT with offsets: a bad step in the RESTART_GAP + 1 updates after a restart keeps the history
 
 
 def _identity(t: torch.Tensor) -> torch.Tensor:
@@ -49,7 +49,7 @@ class Anderson:
     objective Sinkhorn maximises and is kept. Unbalanced OT and partial OT with cost offsets use ``by_value``;
     balanced OT and partial OT without offsets keep the error test alone (measured, docs/DESIGN.md,
     Acceleration). With ``restart_gap`` = k > 0 (the loop passes RESTART_GAP for partial OT with offsets), a bad
-    step within k updates of a restart takes the plain step but keeps the (fresh) history: restarting again
+    step in the k + 1 updates after a restart takes the plain step but keeps the (fresh) history: restarting again
     would leave two entries, whose extrapolation can overshoot the same way at every restart, a cycle that made
     no progress for thousands of updates there (on KL / TV the gap cost updates, on balanced OT it let the
     free constant of the potentials wander between runs that round differently; docs/DESIGN.md). Residuals
@@ -74,8 +74,8 @@ class Anderson:
 
     def subset(self, idx: torch.Tensor) -> "Anderson":
         """The state of problems ``idx`` (int64 (K,)), for a smaller batch that goes on from here."""
-        out = Anderson(int(idx.numel()), self.best, self.mask[idx], self.depth, self.rank_sum, self.by_value,
-                       self.restart_gap)
+        out = Anderson(int(idx.numel()), self.best, self.mask[idx], depth=self.depth, rank_sum=self.rank_sum,
+                       by_value=self.by_value, restart_gap=self.restart_gap)
         if self.images is not None:
             out.images, out.resid, out.inner = self.images[idx], self.resid[idx], self.inner[idx]
         out.slot, out.valid, out.best, out.top = self.slot, self.valid[idx], self.best[idx], self.top[idx]

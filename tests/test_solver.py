@@ -314,7 +314,8 @@ def test_value_safeguard_pays_on_unbalanced_problems_with_offsets(monkeypatch):
         monkeypatch.undo()
         return total, values
 
-    (slow, v_slow), (fast, v_fast) = updates(False), updates(True)
+    with torch_threads(1):  # as measured
+        (slow, v_slow), (fast, v_fast) = updates(False), updates(True)
     assert fast * 2 <= slow, (fast, slow)
     assert v_fast == pytest.approx(v_slow, rel=1e-5)
 
@@ -323,7 +324,8 @@ def test_safeguard_does_not_cycle_on_a_chaotic_partial_problem():
     """Partial OT with offsets, n = 300, p = 2, blur 0.005 diam (the problem left out above): under
     rounding-level changes of the offsets the safeguard used to fall into a two-step cycle (an overshooting
     proposal from a two-entry history, a restart, again) and 2 of these 4 solves ran past 20000 updates (plain
-    Sinkhorn: 29730). With the restart gap each converges: measured 403-1945 updates; asserted within 6000."""
+    Sinkhorn: 29730). With the restart gap each converges: measured 403-1945 updates (304-2469 over 10 such runs);
+    asserted within 6000."""
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(300, 2, generator=g, dtype=F64), torch.randn(300, 2, generator=g, dtype=F64)
     y[:, 0] += 1.0
@@ -333,7 +335,7 @@ def test_safeguard_does_not_cycle_on_a_chaotic_partial_problem():
     for k in range(4):
         z = torch.Generator().manual_seed(100 + k)
         uk, vk = (u, v) if k == 0 else (t * (1 + 1e-15 * torch.randn(t.shape, generator=z, dtype=F64)) for t in (u, v))
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), torch_threads(1):
             warnings.simplefilter("ignore", ConvergenceWarning)
             res = sinkhorn(x, y, p=2, eps=(0.005 * diam) ** 2, u=uk, v=vk, scaling=0.5, diameter=diam, tol=1e-4,
                            max_iter=6000, backend="cpu", mass=0.5)
