@@ -277,6 +277,18 @@ def test_last_loose_solve_is_skipped_on_easy_problems_only(monkeypatch):
         assert with_near(2.0, hard, x, y) == with_near(0.0, hard, x, y)
 
 
+def _offsets_problem(seed: int):
+    """(x, y, u, v, diam): float64 N(0, I) and N(e_1, I) clouds of 300 points in 2-D, offsets 0.1 diam^2 U(0, 1),
+    diam the bounding-box diagonal."""
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(300, 2, generator=g, dtype=F64), torch.randn(300, 2, generator=g, dtype=F64)
+    y[:, 0] += 1.0
+    both = torch.cat([x, y])
+    diam = float((both.max(0).values - both.min(0).values).norm())
+    u, v = (0.1 * diam**2 * torch.rand(300, generator=g, dtype=F64) for _ in range(2))
+    return x, y, u, v, diam
+
+
 def test_value_safeguard_pays_on_unbalanced_problems_with_offsets(monkeypatch):
     """Unbalanced and partial OT with cost offsets at p = 2, small blur: the error-only safeguard rejects many
     accelerated steps and the solve crawls. With the dual objective in the test, pooled over partial / KL / TV
@@ -298,13 +310,8 @@ def test_value_safeguard_pays_on_unbalanced_problems_with_offsets(monkeypatch):
 
         monkeypatch.setattr(anderson.Anderson, "__init__", init)
         total, values = 0, []
-        for seed in (2, 3, 4):  # offsets 0.1 diam^2 U(0, 1), blur 0.005 diam (diam: bounding-box diagonal)
-            g = torch.Generator().manual_seed(seed)
-            x, y = torch.randn(300, 2, generator=g, dtype=F64), torch.randn(300, 2, generator=g, dtype=F64)
-            y[:, 0] += 1.0
-            both = torch.cat([x, y])
-            diam = float((both.max(0).values - both.min(0).values).norm())
-            u, v = (0.1 * diam**2 * torch.rand(300, generator=g, dtype=F64) for _ in range(2))
+        for seed in (2, 3, 4):  # blur 0.005 diam
+            x, y, u, v, diam = _offsets_problem(seed)
             for kw in (dict(mass=0.5), dict(penalty="kl", tau=1.0), dict(penalty="tv", tau=1.0)):
                 res = sinkhorn(x, y, p=2, eps=(0.005 * diam) ** 2, u=u, v=v, scaling=0.5, diameter=diam, tol=1e-4,
                                max_iter=20000, backend="cpu", **kw)
@@ -326,12 +333,7 @@ def test_safeguard_does_not_cycle_on_a_chaotic_partial_problem():
     proposal from a two-entry history, a restart, again) and 2 of these 4 solves ran past 20000 updates (plain
     Sinkhorn: 29730). With the restart gap each converges: measured 403-1945 updates (304-2469 over 10 such runs);
     asserted within 6000."""
-    g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(300, 2, generator=g, dtype=F64), torch.randn(300, 2, generator=g, dtype=F64)
-    y[:, 0] += 1.0
-    both = torch.cat([x, y])
-    diam = float((both.max(0).values - both.min(0).values).norm())
-    u, v = (0.1 * diam**2 * torch.rand(300, generator=g, dtype=F64) for _ in range(2))
+    x, y, u, v, diam = _offsets_problem(1)
     for k in range(4):
         z = torch.Generator().manual_seed(100 + k)
         uk, vk = (u, v) if k == 0 else (t * (1 + 1e-15 * torch.randn(t.shape, generator=z, dtype=F64)) for t in (u, v))

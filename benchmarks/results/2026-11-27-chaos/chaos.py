@@ -4,7 +4,7 @@ import statistics
 import sys
 
 import torch
-from problems import perturb, safeguard_problem, solve
+from problems import runs, safeguard_problem, solve
 
 torch.set_num_threads(1)
 K = int(sys.argv[1])
@@ -12,8 +12,6 @@ for seed in (1, 2):
     x, y, u, v, diam = safeguard_problem(seed)
     for name in ("partial", "kl", "tv"):
         counts = []
-        for k in range(K):
-            gen = torch.Generator().manual_seed(100 + k)
-            uk, vk = (u, v) if k == 0 else (perturb(u, gen), perturb(v, gen))
+        for uk, vk in runs(u, v, K):
             counts.append(int(solve(x, y, uk, vk, diam, name).n_iter))
         print(seed, name, "median", statistics.median(counts), counts, flush=True)

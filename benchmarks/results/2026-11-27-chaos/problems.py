@@ -3,6 +3,7 @@
 ``safeguard_problem(seed)``: the value-safeguard test's problem (tests/test_solver.py): two float64 clouds of 300
 points in 2-D (N(0, I) and N(e_1, I)), offsets u, v = 0.1 diam^2 U(0, 1), diam the bounding-box diagonal.
 ``perturb(t, gen)``: t times 1 + 1e-15 z, z standard normal from ``gen`` (None stays None).
+``runs(u, v, K)``: the K offset pairs of chaos.py / vs_chaos.py.
 ``solve``: p = 2, eps = (ratio diam)^2, eps-scaling 0.5, tol 1e-4, max_iter 20000, backend 'cpu'."""
 import warnings
 
@@ -27,6 +28,13 @@ def safeguard_problem(seed: int):
 
 def perturb(t, gen):
     return None if t is None else t * (1 + 1e-15 * torch.randn(t.shape, generator=gen, dtype=F64))
+
+
+def runs(u, v, count: int):
+    """(u, v) as given, then perturbed with generator seeds 100 + k for k = 1 .. count - 1."""
+    for k in range(count):
+        gen = torch.Generator().manual_seed(100 + k)
+        yield (u, v) if k == 0 else (perturb(u, gen), perturb(v, gen))
 
 
 def solve(x, y, u, v, diam, penalty, ratio=0.005, **kw):

@@ -5,7 +5,7 @@ import json
 import sys
 
 import torch
-from problems import perturb, safeguard_problem, solve
+from problems import runs, safeguard_problem, solve
 
 import srot_fast._anderson as anderson
 
@@ -24,14 +24,12 @@ def run(by_value: bool) -> dict:
     for seed in seeds:
         x, y, u, v, diam = safeguard_problem(seed)
         for name in ("partial", "kl", "tv"):
-            runs = []
-            for k in range(K):
-                gen = torch.Generator().manual_seed(100 + k)
-                uk, vk = (u, v) if k == 0 else (perturb(u, gen), perturb(v, gen))
+            found = []
+            for uk, vk in runs(u, v, K):
                 r = solve(x, y, uk, vk, diam, name)
-                runs.append((int(r.n_iter), float(r.value)))
-            res[f"s{seed} {name}"] = runs
-            print("value" if by_value else "error", seed, name, [c for c, _ in runs], flush=True)
+                found.append((int(r.n_iter), float(r.value)))
+            res[f"s{seed} {name}"] = found
+            print("value" if by_value else "error", seed, name, [c for c, _ in found], flush=True)
     anderson.Anderson.__init__ = real
     return res
 
