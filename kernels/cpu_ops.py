@@ -23,7 +23,8 @@ ABI. Per (problem, super-block of 64 rows) task: for each column tile (256 colum
 the whole batch. Memory is O(B (N + M) D) plus a few tens of KB per thread. It uses
 ``torch.get_num_threads()`` threads (one below ~1e6 units of work, B N M max(D, 4)).
 
-The same library holds the block-sparse entry points (``srot_bs_*``) of :mod:`srot_fast.kernels.blocksparse`.
+The same library holds the block-sparse entry points (``srot_bs_*``) of :mod:`srot_fast.kernels.blocksparse`
+and the solver's compiled Anderson step (:func:`anderson_step`).
 How it is built, cached (a private, hash-checked cache) and loaded: :mod:`srot_fast.kernels._cpu_build`.
 
 Fallback (no compiler, failed build, ``SROT_FAST_NO_COMPILE=1``, other dtypes or devices): the
@@ -63,6 +64,7 @@ __all__ = [
     "weighted_mean",
     "plan_argmax",
     "max_cost",
+    "anderson_step",
     "torch_softmin",
     "torch_weighted_mean",
     "torch_plan_argmax",
@@ -260,3 +262,22 @@ def max_cost(x: torch.Tensor, y: torch.Tensor, p: int) -> torch.Tensor:
     s = s.to(x.dtype)  # exact: the kernel's float32 maxima are representable in float64
     out = s.sqrt() if p == 1 else s / 2
     return out if B is not None else out[0]
+
+
+def anderson_step(g, g_hat, err, done, value, mask, images, resid, inner, valid, best, top, since, w: int,
+                  gap: int) -> torch.Tensor:
+    """(B, M) next potential g from one step of the safeguarded Anderson acceleration, computed by the compiled
+    library: the arithmetic of :meth:`srot_fast._anderson.Anderson.step` (its torch reference, which documents
+    it) in one call, for CPU tensors. The state -- images, resid (B, K, M) float64, inner (B, K, K) float64,
+    valid (B, K) bool, best, top (B,) float64, since (B,) int64, all contiguous -- is updated in place; w is the
+    slot written now. g, g_hat (B, M) float32 or float64; err, value (B,) float64 (value None: no value test);
+    done (B,) bool; mask (B, M) float64. Call only when :func:`available`."""
+    lib = _load()
+    g, g_hat = g.contiguous(), g_hat.contiguous()
+    out = torch.empty_like(g)
+    nb, k1, m = images.shape
+    getattr(lib, f"srot_anderson_{_suffix(g)}")(
+        _ptr(g), _ptr(g_hat), _ptr(err.contiguous()), None if value is None else _ptr(value.contiguous()),
+        _ptr(done.contiguous()), _ptr(mask), _ptr(images), _ptr(resid), _ptr(inner), _ptr(valid), _ptr(best),
+        _ptr(top), _ptr(since), nb, k1, m, w, gap, _ptr(out))
+    return out

@@ -4,13 +4,16 @@ The alternating update is a fixed-point map of the column potential alone,
     T(g) = A_b(S_y(A_a(S_x(g)))),
 f being the exact update A_a(S_x(g)). :class:`Anderson` proposes the next g from the last k + 1 iterates;
 :class:`Plain` takes T(g) itself (``accelerate=False``). Both work on (B, M) potentials and (B,) per-problem
-state that stays on the device.
+state that stays on the device. The torch code of :meth:`Anderson.step` is the reference; on CPU (unsharded,
+compiled library available) the same step runs as one call of ``srot_fast.kernels.cpu_ops.anderson_step``.
 """
 from __future__ import annotations
 
 import math
 
 import torch
+
+from .kernels import cpu_ops
 
 DEPTH = 5  # potentials kept in the history
 RESTART_GAP = 2  # partial OT with offsets: a bad step in the RESTART_GAP + 1 updates after a restart keeps the history
@@ -71,6 +74,8 @@ class Anderson:
         self.best = like.new_full((batch,), math.inf, dtype=torch.float64)  # (B,) smallest error seen
         self.top = like.new_full((batch,), -math.inf, dtype=torch.float64)  # (B,) largest dual objective seen
         self.since = like.new_full((batch,), restart_gap + 1, dtype=torch.int64)  # (B,) updates since a restart
+        # CPU: the compiled step (kernels/cpu_ops.py, anderson_step), the same arithmetic in one call
+        self.native = rank_sum is _identity and like.device.type == "cpu" and cpu_ops.available()
 
     def subset(self, idx: torch.Tensor) -> "Anderson":
         """The state of problems ``idx`` (int64 (K,)), for a smaller batch that goes on from here."""
@@ -79,12 +84,21 @@ class Anderson:
         if self.images is not None:
             out.images, out.resid, out.inner = self.images[idx], self.resid[idx], self.inner[idx]
         out.slot, out.valid, out.best, out.top = self.slot, self.valid[idx], self.best[idx], self.top[idx]
-        out.since = self.since[idx]
+        out.since, out.native = self.since[idx], self.native
         return out
 
     def step(self, g, g_hat, err, done, value=None):
         """(B, M) next g from the current g, its image g_hat = T(g), the (B,) marginal error at g and, when
         ``by_value``, the (B,) float64 dual objective at g (``value``)."""
+        if self.images is None:
+            self.images = g.new_zeros((g.shape[0], self.depth + 1, g.shape[1]), dtype=torch.float64)
+            self.resid = torch.zeros_like(self.images)
+            self.inner = g.new_zeros((g.shape[0], self.depth + 1, self.depth + 1), dtype=torch.float64)
+        w, self.slot = self.slot, (self.slot + 1) % (self.depth + 1)
+        if self.native and g.dtype in (torch.float32, torch.float64) and g_hat.dtype == g.dtype:
+            return cpu_ops.anderson_step(g, g_hat, err.double(), done, value.double() if self.by_value else None,
+                                         self.mask, self.images, self.resid, self.inner, self.valid, self.best,
+                                         self.top, self.since, w, self.restart_gap)
         bad = ~(err <= 2 * self.best)
         if self.by_value:
             rising = value >= self.top  # False where value is NaN
@@ -98,11 +112,6 @@ class Anderson:
             restart = bad & (self.since > self.restart_gap)
             self.since = torch.where(restart, torch.zeros_like(self.since), self.since + 1)
         self.best = torch.where(restart, err_inf, torch.minimum(self.best, err_inf))
-        if self.images is None:
-            self.images = g.new_zeros((g.shape[0], self.depth + 1, g.shape[1]), dtype=torch.float64)
-            self.resid = torch.zeros_like(self.images)
-            self.inner = g.new_zeros((g.shape[0], self.depth + 1, self.depth + 1), dtype=torch.float64)
-        w, self.slot = self.slot, (self.slot + 1) % (self.depth + 1)
         gh = self.images[:, w]                           # (B, M) view: T(g_w) in float64
         gh.copy_(g_hat)
         r_w = self.resid[:, w]

@@ -69,9 +69,9 @@ def marginal_error(log_a: torch.Tensor, f, s, f_hat, eps: float, point_sum=_loca
     and the one the penalty prescribes (|pi 1 - a| when balanced). Computed in float64 from log-weights,
     so it does not overflow where float32 exponentials would."""
     la = log_a.double()
-    d1 = la + (f - s).double() / eps
-    d2 = la + (f_hat - s).double() / eps
-    return point_sum((d1.exp() - d2.exp()).abs().nan_to_num(nan=0.0))
+    e1 = (la + (f - s).double() / eps).exp()
+    e2 = la.exp() if f_hat is s else (la + (f_hat - s).double() / eps).exp()  # balanced: f_hat is s
+    return point_sum((e1 - e2).abs().nan_to_num(nan=0.0))
 
 
 def dual_value(log_a, log_b, f_hat, g, s, pen_a: Penalty, pen_b: Penalty, eps: float,

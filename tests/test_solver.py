@@ -163,7 +163,16 @@ def test_partial_ot_costs_what_balanced_costs_on_easy_problems():
                 assert partial.n_iter <= 1.5 * balanced.n_iter + 1, (d, p, ratio)
 
 
-def test_safeguard_keeps_the_history_while_the_dual_objective_rises():
+def _step_paths():
+    """The Anderson step's two paths: torch ops (the reference; CUDA, sharded) and, where the compiled CPU library
+    builds, its one-call C version."""
+    from srot_fast.kernels import cpu_ops
+
+    return [False, pytest.param(True, marks=pytest.mark.skipif(not cpu_ops.available(), reason="no compiled kernel"))]
+
+
+@pytest.mark.parametrize("native", _step_paths())
+def test_safeguard_keeps_the_history_while_the_dual_objective_rises(native):
     """Anderson's safeguard restarts a problem's history when its marginal error rises above twice its best; with
     ``by_value`` it does not while the dual objective passed in is at its best so far (problem 0 below), and
     still does when the objective fell (problem 1) or the error is NaN."""
@@ -174,6 +183,7 @@ def test_safeguard_keeps_the_history_while_the_dual_objective_rises():
     done = torch.zeros(2, dtype=torch.bool)
     for by_value in (False, True):
         acc = Anderson(2, like, torch.ones(2, 5, dtype=torch.bool), by_value=by_value)
+        acc.native = native
         x = torch.randn(2, 5, generator=g, dtype=F64)
         for err, value in [(1.0, 0.0), (0.5, 1.0), (0.4, 2.0)]:  # three accepted steps: three history slots
             x = acc.step(x, 0.5 * x, torch.full((2,), err, dtype=F64), done, torch.full((2,), value, dtype=F64))
@@ -185,7 +195,8 @@ def test_safeguard_keeps_the_history_while_the_dual_objective_rises():
     assert acc.valid.sum(-1).tolist() == [1, 2]
 
 
-def test_anderson_step_solves_its_least_squares_problem():
+@pytest.mark.parametrize("native", _step_paths())
+def test_anderson_step_solves_its_least_squares_problem(native):
     """Each Anderson step (Gram matrix kept up to date in a ring buffer) equals the textbook extrapolation from the
     last DEPTH + 1 iterates, computed directly: gamma = argmin |r_w - sum_c gamma_c (r_w - r_c)| (lstsq), next
     g = T(g_w) - sum_c gamma_c (T(g_w) - T(g_c)); over more steps than the buffer holds, with a zero-weight point
@@ -203,6 +214,7 @@ def test_anderson_step_solves_its_least_squares_problem():
         return torch.tanh((A @ g[..., None])[..., 0]) + c
 
     acc = Anderson(batch, c, mask)
+    acc.native = native
     done = torch.zeros(batch, dtype=torch.bool)
     g, history = torch.zeros(batch, m, dtype=F64), []
     for k in range(3 * (DEPTH + 1)):
@@ -220,6 +232,52 @@ def test_anderson_step_solves_its_least_squares_problem():
                 want = img_w - torch.stack([img_w - i[b] for i, _ in history[:-1]], 1) @ gamma
             assert torch.allclose(out[b], want, rtol=1e-6, atol=1e-9 * float(want.abs().max()))
         g = out
+
+
+@pytest.mark.skipif(not __import__("srot_fast.kernels.cpu_ops").kernels.cpu_ops.available(),
+                    reason="no compiled kernel")
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+@pytest.mark.parametrize("by_value, gap", [(False, 0), (True, 0), (True, 2)])
+def test_compiled_anderson_step_equals_the_torch_step(dtype, by_value, gap):
+    """The compiled step (CPU) and the torch step, fed the same 40 steps of a noisy contraction on a batch of 3
+    with zero-weight points, finished problems, restarts, a NaN and an infinite error and a NaN objective, return
+    the same iterates and state: float64 within 1e-12 relative (sums in another order), float32 within one
+    rounding of the float64 combination."""
+    from srot_fast._anderson import Anderson
+
+    gen = torch.Generator().manual_seed(0)
+    batch, m = 3, 37
+    mask = torch.rand(batch, m, generator=gen) > 0.2
+    noise = [torch.randn(batch, m, generator=gen, dtype=F64) / (k + 1) for k in range(40)]
+    jitter = [1 + 3 * torch.rand(batch, generator=gen, dtype=F64) for _ in range(40)]
+    lift = [torch.rand(batch, generator=gen, dtype=F64) for _ in range(40)]
+    done = [torch.rand(batch, generator=gen) > 0.9 for _ in range(40)]
+    g0 = torch.randn(batch, m, generator=gen, dtype=F64)
+    runs, restarts = [], 0
+    for native in (False, True):
+        acc = Anderson(batch, g0.to(dtype), mask, by_value=by_value, restart_gap=gap)
+        acc.native = native
+        g, out = g0.to(dtype), []
+        for k in range(40):
+            image = (0.95 * g.double() + 0.1 * noise[k]).to(dtype)
+            err = (image.double() - g.double()).abs().sum(-1) * jitter[k]  # rises often: restarts
+            err[0] = math.nan if k == 7 else err[0]
+            err[1] = math.inf if k == 9 else err[1]
+            value = -err + lift[k] if by_value else None
+            if by_value and k == 11:
+                value[2] = math.nan
+            valid_before = acc.valid.clone()
+            g = acc.step(g, image, err, done[k], value)
+            restarts += int((valid_before & ~acc.valid).any(-1).sum())
+            out.append(g)
+        runs.append((torch.stack(out), acc))
+    (a, ta), (b, na) = runs
+    assert restarts > 10  # the safeguard acted, on both paths
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == F64 else dict(rtol=2e-7, atol=1e-6)
+    torch.testing.assert_close(b, a, **tol)
+    for name in ("images", "resid", "inner", "best", "top"):  # errors and objectives come from the iterates
+        torch.testing.assert_close(getattr(na, name), getattr(ta, name), rtol=1e-12, atol=1e-12)
+    assert torch.equal(na.valid, ta.valid) and torch.equal(na.since, ta.since)
 
 
 def test_acceleration_never_costs_updates_on_easy_problems():

@@ -605,7 +605,7 @@ void prune_task(int64_t s, Boxes rb, Boxes rs, int64_t nrb, Boxes cb, Boxes cs, 
 extern "C" {
 
 // Version of the entry points below; the loader refuses a library whose version differs from its own.
-int srot_abi_version() { return 4; }
+int srot_abi_version() { return 5; }
 
 // Every entry point takes a batch of nbatch problems of the same sizes (n, m, d): problem b reads
 // x + b * sx (n, d) row-major, yt + b * syt (d, ld) = y transposed with ld = m rounded up to a multiple of
@@ -831,5 +831,130 @@ void srot_bs_col_stats(const double* h, const double* y, const double* lo, const
 
 SROT_DEFINE_SPARSE(float, f32)
 SROT_DEFINE_SPARSE(double, f64)
+
+}  // extern "C"
+
+// ---------------------------------------------------------------------------------------------------------------
+// One step of the safeguarded Anderson acceleration, srot_fast/_anderson.py (Anderson.step, its torch reference,
+// which documents the method): the same arithmetic for a batch of nb problems on CPU tensors, in one call instead
+// of some fifty small tensor operations (the step's cost at small sizes). State, updated in place: images, resid
+// (nb, k1, m) float64 ring buffers, inner (nb, k1, k1), valid (nb, k1), best, top (nb,), since (nb,); w is the
+// slot written now. Inputs: g, ghat (nb, m), err (nb,) float64, value (nb,) float64 or null (by_value off), done
+// (nb,), mask (nb, m) float64. Writes out (nb, m).
+namespace {
+
+template <typename T>
+void anderson_step(const T* g, const T* ghat, const double* err, const double* value, const uint8_t* done,
+                   const double* mask, double* images, double* resid, double* inner, uint8_t* valid, double* best,
+                   double* top, int64_t* since, int64_t nb, int64_t k1, int64_t m, int64_t w, int64_t gap, T* out) {
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> gram(k1 * k1), gamma(k1);
+  for (int64_t b = 0; b < nb; ++b) {
+    const T* gb = g + b * m;
+    const T* hb = ghat + b * m;
+    T* ob = out + b * m;
+    double* img = images + b * k1 * m;
+    double* res = resid + b * k1 * m;
+    double* in = inner + b * k1 * k1;
+    uint8_t* val = valid + b * k1;
+    // the safeguard: a step is bad where the error rose above twice its best (or is NaN) ...
+    const double e = err[b];
+    bool bad = !(e <= 2 * best[b]);
+    if (value != nullptr) {  // ... unless the dual objective is at its best so far
+      const bool rising = value[b] >= top[b];
+      bad = std::isnan(e) || (bad && !rising);
+      const double v = std::isnan(value[b]) ? -inf : value[b];
+      top[b] = std::max(top[b], v);
+    }
+    const double e_inf = std::isnan(e) ? inf : (e == inf ? std::numeric_limits<double>::max() : e);
+    bool restart = bad;
+    if (gap > 0) {
+      restart = bad && since[b] > gap;
+      since[b] = restart ? 0 : since[b] + 1;
+    }
+    best[b] = restart ? e_inf : std::min(best[b], e_inf);
+    // the new entry: T(g_w) and its masked residual, then its inner products with every slot
+    double* iw = img + w * m;
+    double* rw = res + w * m;
+    const double* mb = mask + b * m;
+    for (int64_t j = 0; j < m; ++j) {
+      iw[j] = double(hb[j]);
+      rw[j] = (iw[j] - double(gb[j])) * mb[j];
+    }
+    for (int64_t i = 0; i < k1; ++i) {
+      const double* ri = res + i * m;
+      double acc = 0;
+      for (int64_t j = 0; j < m; ++j) acc += ri[j] * rw[j];
+      in[w * k1 + i] = acc;
+      in[i * k1 + w] = acc;
+    }
+    for (int64_t i = 0; i < k1; ++i) val[i] = val[i] && !restart;
+    val[w] = 1;
+    // normal equations in the differences r_w - r_i over the kept slots (slot w and the others: a zero row),
+    // with the relative ridge on the diagonal
+    const double* row = in + w * k1;
+    double diag = 0;
+    for (int64_t i = 0; i < k1; ++i) {
+      for (int64_t j = 0; j < k1; ++j) {
+        const bool keep = val[i] && val[j];
+        gram[i * k1 + j] = keep ? in[i * k1 + j] - row[i] + (row[w] - row[j]) : 0.0;
+      }
+      gamma[i] = val[i] ? row[w] - row[i] : 0.0;
+      diag += gram[i * k1 + i];
+    }
+    const double ridge = 1e-10 * (diag / double(k1)) + 1e-300;
+    for (int64_t i = 0; i < k1; ++i) gram[i * k1 + i] += ridge;
+    // Gaussian elimination with partial pivoting (a zero pivot leaves a non-finite gamma: caught below)
+    for (int64_t c = 0; c < k1; ++c) {
+      int64_t piv = c;
+      for (int64_t r = c + 1; r < k1; ++r)
+        if (std::fabs(gram[r * k1 + c]) > std::fabs(gram[piv * k1 + c])) piv = r;
+      if (piv != c) {
+        for (int64_t j = 0; j < k1; ++j) std::swap(gram[c * k1 + j], gram[piv * k1 + j]);
+        std::swap(gamma[c], gamma[piv]);
+      }
+      for (int64_t r = c + 1; r < k1; ++r) {
+        const double f = gram[r * k1 + c] / gram[c * k1 + c];
+        for (int64_t j = c; j < k1; ++j) gram[r * k1 + j] -= f * gram[c * k1 + j];
+        gamma[r] -= f * gamma[c];
+      }
+    }
+    for (int64_t c = k1 - 1; c >= 0; --c) {
+      double acc = gamma[c];
+      for (int64_t j = c + 1; j < k1; ++j) acc -= gram[c * k1 + j] * gamma[j];
+      gamma[c] = acc / gram[c * k1 + c];
+    }
+    double sum = 0;
+    for (int64_t i = 0; i < k1; ++i) sum += gamma[i];
+    gamma[w] += 1 - sum;
+    // the combination sum_i gamma_i T(g_i), taken unless it is bad or not finite (in the output dtype)
+    bool finite = true;
+    for (int64_t j = 0; j < m; ++j) {
+      double acc = 0;
+      for (int64_t i = 0; i < k1; ++i) acc += gamma[i] * img[i * m + j];
+      const T v = T(acc);
+      finite = finite && std::isfinite(v);
+      ob[j] = v;
+    }
+    const bool ok = finite && !bad;
+    for (int64_t j = 0; j < m; ++j) ob[j] = done[b] ? gb[j] : (ok ? ob[j] : hb[j]);
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+#define SROT_DEFINE_ANDERSON(T, SUF)                                                                        \
+  void srot_anderson_##SUF(const T* g, const T* ghat, const double* err, const double* value,              \
+                           const uint8_t* done, const double* mask, double* images, double* resid,          \
+                           double* inner, uint8_t* valid, double* best, double* top, int64_t* since,        \
+                           int64_t nb, int64_t k1, int64_t m, int64_t w, int64_t gap, T* out) {             \
+    anderson_step<T>(g, ghat, err, value, done, mask, images, resid, inner, valid, best, top, since, nb, k1, \
+                     m, w, gap, out);                                                                       \
+  }
+
+SROT_DEFINE_ANDERSON(float, f32)
+SROT_DEFINE_ANDERSON(double, f64)
 
 }  // extern "C"
