@@ -49,7 +49,7 @@ __all__ = ["Unavailable", "open_or_build", "ABI_VERSION"]
 
 _SRC = Path(__file__).with_name("csrc") / "cpu_ops.cpp"
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c++17", "-shared", "-fPIC"]
-ABI_VERSION = 5  # = srot_abi_version() in csrc/cpu_ops.cpp; bump both when an entry point changes
+ABI_VERSION = 6  # = srot_abi_version() in csrc/cpu_ops.cpp; bump both when an entry point changes
 _TMP_PREFIX = ".srot_build_"  # temporary files of a build: .srot_build_<pid>_<host>_<random><suffix>
 _STALE_S = 3600  # a temporary file this old is removed whatever its pid says
 
@@ -273,6 +273,13 @@ def _declare(lib: ctypes.CDLL) -> None:
     # h, y, lo, hi, nbatch, m, d, size, lse, top, beta, nthreads
     lib.srot_bs_col_stats.argtypes = [p, p, p, p, i64, i64, i64, i64, p, p, p, c_int]
     lib.srot_bs_col_stats.restype = None
+    # soft-min over stored squared distances: s, h, nbatch, n, m, ss, sh, p, eps, out, sout, nthreads
+    for suf in ("f32", "f64"):
+        getattr(lib, f"srot_softmin_sq_{suf}").argtypes = [p, p, i64, i64, i64, i64, i64, c_int, dbl, p, i64, c_int]
+        getattr(lib, f"srot_softmin_sq_{suf}").restype = None
+        # x, yt, nbatch, n, m, d, sx, syt, out, nthreads
+        getattr(lib, f"srot_sq_dist_{suf}").argtypes = [p, p, i64, i64, i64, i64, i64, i64, p, c_int]
+        getattr(lib, f"srot_sq_dist_{suf}").restype = None
     # Anderson step (srot_fast/_anderson.py): g, ghat, err, value, done, mask, images, resid, inner, valid, best,
     # top, since, nb, k1, m, w, gap, out
     for suf in ("f32", "f64"):

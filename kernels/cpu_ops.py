@@ -7,6 +7,8 @@ Same functions and signatures as :mod:`srot_fast.kernels.tensorized`:
 - ``weighted_mean(x, y, h, eps, p, phi)``  -> (N, D)  sum_j softmax_j(h_j - C_ij / eps) * phi(x_i, y_j)
 - ``plan_argmax(x, y, h, eps, p)``         -> (N,)    int64, argmax_j (h_j - C_ij / eps) (first on ties)
 - ``max_cost(x, y, p)``                    -> ()      max_ij C(x_i, y_j)
+- ``squared_distances(x, y)``              -> (N, M)  |x_i - y_j|^2, which ``softmin(..., sq=)`` reads instead of
+  computing them (the solver keeps them for small problems in high dimension: docs/DESIGN.md, Kernel primitive)
 
 with C = |x - y| (p = 1) or |x - y|^2 / 2 (p = 2); ``x`` (N, D), ``y`` (M, D), ``h`` (M,) may hold
 ``-inf`` (zero-weight columns), ``eps`` > 0 a Python float. Batched operands x (B, N, D), y (B, M, D),
@@ -53,7 +55,7 @@ import torch
 from ._common import UnsafeCacheWarning, check_operands, warn
 from ._cpu_build import ABI_VERSION as _ABI_VERSION  # noqa: F401 - re-exported, as is the host tag
 from ._cpu_build import Unavailable, _host_tag, open_or_build  # noqa: F401
-from ._cpu_fallback import torch_max_cost, torch_plan_argmax, torch_softmin, torch_weighted_mean
+from ._cpu_fallback import _row_blocks, torch_max_cost, torch_plan_argmax, torch_softmin, torch_weighted_mean
 
 __all__ = [
     "CompiledKernelWarning",
@@ -64,6 +66,7 @@ __all__ = [
     "weighted_mean",
     "plan_argmax",
     "max_cost",
+    "squared_distances",
     "anderson_step",
     "torch_softmin",
     "torch_weighted_mean",
@@ -169,9 +172,14 @@ def _prep(x, y, h):
     return (x, yt, h), (nb, n, m, d, n * d, yt.shape[1] * yt.shape[2], m)
 
 
-def softmin(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int) -> torch.Tensor:
+def softmin(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: int,
+            sq: Optional[torch.Tensor] = None) -> torch.Tensor:
     r"""(N,) | (B, N) soft-min ``out_i = -eps * log sum_j exp(h_j - C(x_i, y_j) / eps)``; ``+inf`` if all
     ``h = -inf``.
+
+    ``sq``: the (N, M) | (B, N, M) squared distances of x and y from :func:`squared_distances`, read instead of
+    computed (a pass then costs N M reads whatever D; the solver keeps them for small problems in high
+    dimension, srot_fast.geometry.Geometry).
 
     Example:
         >>> x, y, h = torch.randn(1000, 2), torch.randn(800, 2), torch.zeros(800)
@@ -181,18 +189,55 @@ def softmin(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: in
         torch.Size([3, 1000])
     """
     B = _check(x, y, h, p)
+    if sq is not None and (tuple(sq.shape) != (*x.shape[:-1], y.shape[-2]) or sq.dtype != x.dtype
+                           or not sq.is_contiguous()):
+        raise ValueError(f"sq: a contiguous {x.dtype} tensor of shape {(*x.shape[:-1], y.shape[-2])} expected, "
+                         f"got a {'' if sq.is_contiguous() else 'non-contiguous '}{sq.dtype} tensor of shape "
+                         f"{tuple(sq.shape)}")
     lib = _native(x, y, h)
     if lib is None:
+        if sq is not None and sq.numel() > 0:  # the stored distances, read by torch ops
+            cost = sq.sqrt() if p == 1 else sq / 2
+            return -eps * torch.logsumexp(h[..., None, :] - cost / eps, dim=-1)
         return torch_softmin(x, y, h, eps, p)
     x, y, h = _batched(B, x, y, h)
     out = torch.empty(x.shape[:2], dtype=x.dtype)
+    sq = sq if sq is None or B is not None else sq[None]
     if x.shape[1] == 0 or y.shape[1] == 0:
         out.fill_(float("inf"))
+    elif x.shape[0] > 0 and sq is not None:
+        nb, n, m = sq.shape
+        h = h.detach().contiguous()
+        getattr(lib, f"srot_softmin_sq_{_suffix(x)}")(
+            _ptr(sq), _ptr(h), nb, n, m, n * m, m, p, float(eps), _ptr(out), n, _threads(nb * n, m, 1))
     elif x.shape[0] > 0:
         (x, yt, h), (nb, n, m, d, *strides) = _prep(x, y, h)
         getattr(lib, f"srot_softmin_{_suffix(x)}")(
             _ptr(x), _ptr(yt), _ptr(h), nb, n, m, d, *strides, p, float(eps), _ptr(out), n, _threads(nb * n, m, d)
         )
+    return out if B is not None else out[0]
+
+
+def squared_distances(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """(N, M) | (B, N, M) contiguous |x_i - y_j|^2 in the dtype of x, for :func:`softmin`'s ``sq``: the values the
+    compiled soft-min computes on the fly (same difference form, same order of the D terms), so a pass that reads
+    them gives the same result; the blocked-torch difference form without the compiled library."""
+    B = _check(x, y)
+    lib = _native(x, y)
+    if lib is None:
+        xb, yb = _batched(B, x.detach(), y.detach())
+        if xb.shape[1] == 0 or yb.shape[1] == 0:
+            out = xb.new_zeros((xb.shape[0], xb.shape[1], yb.shape[1]))
+            return out if B is not None else out[0]
+        out = torch.cat([((xb[:, blk, None, :] - yb[:, None, :, :]) ** 2).sum(-1)
+                         for blk in _row_blocks(xb.shape[1], yb.shape[1] * max(xb.shape[2], 1))], 1)
+        return out if B is not None else out[0]
+    x, y = _batched(B, x, y)
+    out = torch.empty((x.shape[0], x.shape[1], y.shape[1]), dtype=x.dtype)
+    if out.numel() > 0:
+        (x, yt, _), (nb, n, m, d, sx, syt, _) = _prep(x, y, None)
+        getattr(lib, f"srot_sq_dist_{_suffix(x)}")(_ptr(x), _ptr(yt), nb, n, m, d, sx, syt, _ptr(out),
+                                                   _threads(nb * n, m, d))
     return out if B is not None else out[0]
 
 

@@ -164,6 +164,60 @@ def test_softmin_several_tiles_and_threads():
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("d,dtype,p", [c[1:] for c in _grid(["cpu"], (1, 3, 64))])
+def test_softmin_reads_stored_squared_distances(d, dtype, p, batched, compiled, monkeypatch):
+    """``softmin(..., sq=squared_distances(x, y))`` (the solver's stored distances in high dimension) equals the
+    float64 reference, compiled and through torch ops (no compiled library), with zero-weight columns, coincident
+    points (the p = 1 kink) and, batched, a second problem; an all -inf h gives +inf."""
+    if compiled:
+        _backend("cpu")
+    else:
+        monkeypatch.setattr(cpu_ops, "_native", lambda *ts: None)
+    x, y, h, scale = _problem(d, dtype, p)
+    eps = 0.05 * scale
+    expected = _ref64(ref.softmin, x, y, h.double(), eps, p)
+    if batched:
+        x, y, h = torch.stack([x, x.flip(0)]), torch.stack([y, y]), torch.stack([h, h])
+        expected = torch.stack([expected, expected.flip(0)])
+    out = cpu_ops.softmin(x, y, h, eps, p, sq=cpu_ops.squared_distances(x, y))
+    assert out.shape == expected.shape and out.dtype == dtype
+    _close(out, expected, dtype, scale)
+    masked = cpu_ops.softmin(x, y, torch.full_like(h, -INF), eps, p, sq=cpu_ops.squared_distances(x, y))
+    assert torch.isposinf(masked).all()
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_squared_distances_are_exact_and_checked(compiled, monkeypatch):
+    """``squared_distances`` is the difference form |x_i - y_j|^2 (exact for clouds far from the origin, 0 on
+    coincident points), compiled or not; a soft-min pass over it equals the streaming pass to rounding; and
+    ``softmin`` refuses an ``sq`` of the wrong shape or dtype, naming it."""
+    if compiled:
+        _backend("cpu")
+    else:
+        monkeypatch.setattr(cpu_ops, "_native", lambda *ts: None)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 16, generator=g, dtype=torch.float64) + 1e4
+    y = torch.randn(300, 16, generator=g, dtype=torch.float64) + 1e4
+    y[3] = x[5]
+    sq = cpu_ops.squared_distances(x, y)
+    torch.testing.assert_close(sq, ((x[:, None, :] - y[None, :, :]) ** 2).sum(-1), rtol=1e-15, atol=0)
+    assert sq[5, 3] == 0
+    h = torch.randn(300, generator=g, dtype=torch.float64)
+    for dtype, rtol in ((torch.float64, 1e-13), (torch.float32, 1e-6)):
+        xd, yd, hd = x.to(dtype) - 1e4, y.to(dtype) - 1e4, h.to(dtype)
+        for p in (1, 2):
+            stream = cpu_ops.softmin(xd, yd, hd, 0.5, p)
+            stored = cpu_ops.softmin(xd, yd, hd, 0.5, p, sq=cpu_ops.squared_distances(xd, yd))
+            torch.testing.assert_close(stored, stream, rtol=rtol, atol=rtol)
+    assert cpu_ops.squared_distances(x[:0], y).shape == (0, 300)
+    with pytest.raises(ValueError, match="sq"):
+        cpu_ops.softmin(x, y, h, 1.0, 2, sq=sq.T)
+    with pytest.raises(ValueError, match="sq"):
+        cpu_ops.softmin(x, y, h, 1.0, 2, sq=sq.float())
+
+
 @pytest.mark.triton
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("trans", [False, True])

@@ -280,6 +280,42 @@ def test_compiled_anderson_step_equals_the_torch_step(dtype, by_value, gap):
     assert torch.equal(na.valid, ta.valid) and torch.equal(na.since, ta.since)
 
 
+@pytest.mark.parametrize("p", [1, 2])
+def test_stored_distances_change_nothing_but_speed(p, monkeypatch):
+    """In dimension >= STORE_MIN_D a small CPU problem keeps its squared distances and every soft-min pass reads
+    them (``sq``): the debiased loss, its gradient and the update count equal those of the streaming passes."""
+    from srot_fast.kernels import cpu_ops
+
+    from srot_fast import geometry
+
+    if not cpu_ops.available():
+        pytest.skip("no compiled kernel")
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(150, 16, generator=gen), torch.randn(120, 16, generator=gen) + 0.5
+    seen = []
+    softmin = cpu_ops.softmin
+
+    def spy(*args, sq=None, **kw):
+        seen.append(sq is not None)
+        return softmin(*args, sq=sq, **kw)
+
+    monkeypatch.setattr(cpu_ops, "softmin", spy)
+    runs = []
+    for pairs in (geometry.STORE_PAIRS, 0):
+        monkeypatch.setattr(geometry, "STORE_PAIRS", pairs)
+        seen.clear()
+        loss = SROTLoss(p=p, blur=0.5, backend="cpu")
+        xg = x.clone().requires_grad_()
+        value = loss(xg, y)
+        value.backward()
+        runs.append((value.detach(), xg.grad, int(loss.last_result.n_iter), all(seen) and len(seen) > 10))
+    (v1, g1, n1, stored), (v0, g0, n0, _) = runs
+    assert stored and not any(seen)
+    assert n1 == n0
+    torch.testing.assert_close(v1, v0, rtol=1e-6, atol=0)
+    torch.testing.assert_close(g1, g0, rtol=1e-5, atol=1e-7)
+
+
 def test_acceleration_never_costs_updates_on_easy_problems():
     """The accelerated loop (loose eps-scaling solves, Anderson) against plain updates with one averaged update
     per eps, on easy problems (blur = 0.1 and 0.02 x diameter; every penalty, p = 1 and 2, two seeds): no case

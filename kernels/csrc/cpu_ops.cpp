@@ -605,7 +605,7 @@ void prune_task(int64_t s, Boxes rb, Boxes rs, int64_t nrb, Boxes cb, Boxes cs, 
 extern "C" {
 
 // Version of the entry points below; the loader refuses a library whose version differs from its own.
-int srot_abi_version() { return 5; }
+int srot_abi_version() { return 6; }
 
 // Every entry point takes a batch of nbatch problems of the same sizes (n, m, d): problem b reads
 // x + b * sx (n, d) row-major, yt + b * syt (d, ld) = y transposed with ld = m rounded up to a multiple of
@@ -831,6 +831,84 @@ void srot_bs_col_stats(const double* h, const double* y, const double* lo, const
 
 SROT_DEFINE_SPARSE(float, f32)
 SROT_DEFINE_SPARSE(double, f64)
+
+}  // extern "C"
+
+// ---------------------------------------------------------------------------------------------------------------
+// Soft-min over stored squared distances: problem b's s + b * ss (n, m) row-major holds |x_i - y_j|^2 (what the
+// streaming kernel computes per tile, here read instead: O(n m) reads per pass, whatever d). The same online
+// log-sum-exp as Softmin, one task per row.
+namespace {
+
+template <typename T>
+void softmin_stored(const T* s, const T* h, int64_t nbatch, int64_t n, int64_t m, int64_t ss, int64_t sh, int p,
+                    double eps, T* out, int64_t sout, int nthreads) {
+  const T inv_eps = T(1.0 / eps);
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+  for (int64_t t = 0; t < nbatch * n; ++t) {
+    const int64_t b = t / n, i = t % n;
+    const T* row = s + b * ss + i * m;
+    const T* hb = h + b * sh;
+    alignas(64) T buf[TJ];
+    double mrow = -std::numeric_limits<double>::infinity(), srow = 0.0;
+    for (int64_t j0 = 0; j0 < m; j0 += TJ) {
+      const int jn = int(std::min<int64_t>(TJ, m - j0));
+      std::memcpy(buf, row + j0, sizeof(T) * jn);
+      const T bm = logits_row<T>(buf, hb + j0, jn, p, inv_eps);
+      if (!(bm > neg_inf)) continue;  // tile fully masked (or NaN)
+      const T mnew = std::max<T>(T(mrow), bm);
+      T acc = T(0);
+#pragma omp simd reduction(+ : acc)
+      for (int j = 0; j < jn; ++j) acc += exp_neg(buf[j] - mnew);
+      srow = srow * std::exp(mrow - double(mnew)) + double(acc);
+      mrow = mnew;
+    }
+    out[b * sout + i] = srow > 0.0 ? T(-eps * (mrow + std::log(srow))) : std::numeric_limits<T>::infinity();
+  }
+}
+
+// The squared distances themselves, out + b * n * m (n, m) row-major, from the tiles of sq_dist_tile: the values
+// the streaming kernel computes, so a pass over them gives the streaming pass's result exactly.
+template <typename T>
+void sq_dist_store(const T* x, const T* yt, int64_t nbatch, int64_t n, int64_t m, int64_t d, int64_t sx,
+                   int64_t syt, T* out, int nthreads) {
+  const int64_t ld = (m + W - 1) / W * W;
+  const int64_t nblocks = (n + R - 1) / R;
+#pragma omp parallel num_threads(nthreads)
+  {
+    std::vector<T> xb(R * d);
+    alignas(64) T tile[R][TJ];
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t t = 0; t < nbatch * nblocks; ++t) {
+      const int64_t b = t / nblocks, i0 = (t - b * nblocks) * R;
+      const int rows = int(std::min<int64_t>(R, n - i0));
+      load_rows(x + b * sx, n, d, i0, xb.data(), R);
+      for (int64_t j0 = 0; j0 < m; j0 += TJ) {
+        const int jn = int(std::min<int64_t>(TJ, m - j0));
+        sq_dist_tile<T>(xb.data(), yt + b * syt, ld, d, j0, jn, tile);
+        for (int r = 0; r < rows; ++r) std::memcpy(out + (b * n + i0 + r) * m + j0, tile[r], sizeof(T) * jn);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+#define SROT_DEFINE_STORED(T, SUF)                                                                          \
+  void srot_softmin_sq_##SUF(const T* s, const T* h, int64_t nbatch, int64_t n, int64_t m, int64_t ss,     \
+                             int64_t sh, int p, double eps, T* out, int64_t sout, int nthreads) {          \
+    softmin_stored<T>(s, h, nbatch, n, m, ss, sh, p, eps, out, sout, nthreads);                            \
+  }                                                                                                        \
+  void srot_sq_dist_##SUF(const T* x, const T* yt, int64_t nbatch, int64_t n, int64_t m, int64_t d,        \
+                          int64_t sx, int64_t syt, T* out, int nthreads) {                                 \
+    sq_dist_store<T>(x, yt, nbatch, n, m, d, sx, syt, out, nthreads);                                      \
+  }
+
+SROT_DEFINE_STORED(float, f32)
+SROT_DEFINE_STORED(double, f64)
 
 }  // extern "C"
 
