@@ -21,7 +21,8 @@ import torch
 __all__ = ["Geometry", "PartialGeometry", "bbox_diameter"]
 
 STORE_PAIRS = 1 << 22  # B N M up to which a geometry keeps its squared distances for its soft-min passes
-STORE_MIN_D = 8        # (in dimension D >= this, on a backend that reads them: cpu); below, computing is as fast
+STORE_MIN_D = 8        # (in dimension D >= this, on a backend that reads them: cpu); below, computing is as fast,
+STORE_SMALL = 1 << 18  # but for the smallest problems (B N M up to this, any D), where a pass is mostly overhead
 
 
 def bbox_diameter(x: torch.Tensor, y: torch.Tensor, a: Optional[torch.Tensor] = None,
@@ -62,15 +63,17 @@ class Geometry:
     def _stored(self):
         """The (B, N, M) squared distances |x_i - y_j|^2 and their (B, M, N) transpose, kept for the soft-min
         passes when the backend reads them (``ops.squared_distances``), on CPU, in dimension D >= STORE_MIN_D and
-        for B N M <= STORE_PAIRS (2 B N M values, 32 MB in float32 at the limit): in high dimension a pass then
-        reads N M values instead of computing N M distances of D terms (5x faster at D = 64, 18x at D = 256;
-        N = M = 1000, one thread) and gives the same result (the values the streaming pass computes). Computed
-        at the first pass (the cost of one pass); None when not kept."""
+        for B N M <= STORE_PAIRS (2 B N M values, 32 MB in float32 at the limit), or in any dimension for
+        B N M <= STORE_SMALL (2 MB): in high dimension a pass then reads N M values instead of computing N M
+        distances of D terms (5x faster at D = 64, 18x at D = 256; N = M = 1000, one thread), on the smallest
+        problems it skips the per-pass transpose of y (10-35 % at D = 2); the result is the same (the values the
+        streaming pass computes). Computed at the first pass (the cost of one pass); None when not kept."""
         if self._sq is None:
             sq_fn = getattr(self.ops, "squared_distances", None)
             keep = (sq_fn is not None and self.x.device.type == "cpu" and self.x.dtype == self.y.dtype
-                    and self.x.dtype in (torch.float32, torch.float64) and self.x.shape[-1] >= STORE_MIN_D
-                    and 0 < self.batch * self.n * self.m <= STORE_PAIRS)
+                    and self.x.dtype in (torch.float32, torch.float64) and 0 < self.batch * self.n * self.m
+                    and (self.batch * self.n * self.m <= STORE_SMALL
+                         or (self.x.shape[-1] >= STORE_MIN_D and self.batch * self.n * self.m <= STORE_PAIRS)))
             self._sq = False
             if keep:
                 sq = sq_fn(self.x, self.y)

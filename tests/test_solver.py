@@ -281,9 +281,11 @@ def test_compiled_anderson_step_equals_the_torch_step(dtype, by_value, gap):
 
 
 @pytest.mark.parametrize("p", [1, 2])
-def test_stored_distances_change_nothing_but_speed(p, monkeypatch):
-    """In dimension >= STORE_MIN_D a small CPU problem keeps its squared distances and every soft-min pass reads
-    them (``sq``): the debiased loss, its gradient and the update count equal those of the streaming passes."""
+@pytest.mark.parametrize("d", [2, 16])
+def test_stored_distances_change_nothing_but_speed(p, d, monkeypatch):
+    """A small CPU problem (in dimension >= STORE_MIN_D, or of at most STORE_SMALL pairs) keeps its squared
+    distances and every soft-min pass reads them (``sq``): the debiased loss, its gradient and the update count
+    equal those of the streaming passes."""
     from srot_fast.kernels import cpu_ops
 
     from srot_fast import geometry
@@ -291,7 +293,7 @@ def test_stored_distances_change_nothing_but_speed(p, monkeypatch):
     if not cpu_ops.available():
         pytest.skip("no compiled kernel")
     gen = torch.Generator().manual_seed(0)
-    x, y = torch.randn(150, 16, generator=gen), torch.randn(120, 16, generator=gen) + 0.5
+    x, y = torch.randn(150, d, generator=gen), torch.randn(120, d, generator=gen) + 0.5
     seen = []
     softmin = cpu_ops.softmin
 
@@ -303,6 +305,7 @@ def test_stored_distances_change_nothing_but_speed(p, monkeypatch):
     runs = []
     for pairs in (geometry.STORE_PAIRS, 0):
         monkeypatch.setattr(geometry, "STORE_PAIRS", pairs)
+        monkeypatch.setattr(geometry, "STORE_SMALL", min(pairs, geometry.STORE_SMALL))
         seen.clear()
         loss = SROTLoss(p=p, blur=0.5, backend="cpu")
         xg = x.clone().requires_grad_()
