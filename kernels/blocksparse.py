@@ -104,6 +104,7 @@ __all__ = ["BLOCK", "THRESHOLD", "DENSE_FRACTION", "MIN_PAIRS", "CACHE_SIZE", "s
 
 BLOCK = 64  # points per block (= RB in csrc/cpu_ops.cpp)
 _PAD = cpu_ops._PAD_COLS  # = W in csrc/cpu_ops.cpp
+CPU_LIBRARY = True  # on CPU this backend runs in the compiled library of cpu_ops (so does the solver's step)
 
 
 def _threshold_from_env() -> float:

@@ -8,7 +8,7 @@ Same functions and signatures as :mod:`srot_fast.kernels.tensorized`:
 - ``plan_argmax(x, y, h, eps, p)``         -> (N,)    int64, argmax_j (h_j - C_ij / eps) (first on ties)
 - ``max_cost(x, y, p)``                    -> ()      max_ij C(x_i, y_j)
 - ``squared_distances(x, y)``              -> (N, M)  |x_i - y_j|^2, which ``softmin(..., sq=)`` reads instead of
-  computing them (the solver keeps them for small problems in high dimension: docs/DESIGN.md, Kernel primitive)
+  computing them (the solver keeps them for small problems: docs/DESIGN.md, Kernel primitive)
 
 with C = |x - y| (p = 1) or |x - y|^2 / 2 (p = 2); ``x`` (N, D), ``y`` (M, D), ``h`` (M,) may hold
 ``-inf`` (zero-weight columns), ``eps`` > 0 a Python float. Batched operands x (B, N, D), y (B, M, D),
@@ -78,6 +78,7 @@ _BUILD_TIMEOUT_S = 300
 _SMALL_WORK = 1 << 20  # below B * N * M * max(D, 4) run on one thread (under a millisecond of work): starting
 # an OpenMP team can cost more than that when the other cores are busy
 _PAD_COLS = 16  # = W in csrc/cpu_ops.cpp: the y transpose is padded to a multiple of this
+CPU_LIBRARY = True  # this backend builds the compiled library: the solver runs its Anderson step there on CPU
 
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
@@ -177,9 +178,9 @@ def softmin(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: in
     r"""(N,) | (B, N) soft-min ``out_i = -eps * log sum_j exp(h_j - C(x_i, y_j) / eps)``; ``+inf`` if all
     ``h = -inf``.
 
-    ``sq``: the (N, M) | (B, N, M) squared distances of x and y from :func:`squared_distances`, read instead of
-    computed (a pass then costs N M reads whatever D; the solver keeps them for small problems in high
-    dimension, srot_fast.geometry.Geometry).
+    ``sq``: the (N, M) | (B, N, M) squared distances of x and y from :func:`squared_distances` (float32 /
+    float64, contiguous, on x's device), read instead of computed (a pass then costs N M reads whatever D; the
+    solver keeps them for small problems, srot_fast.geometry.Geometry).
 
     Example:
         >>> x, y, h = torch.randn(1000, 2), torch.randn(800, 2), torch.zeros(800)
@@ -190,10 +191,12 @@ def softmin(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: in
     """
     B = _check(x, y, h, p)
     if sq is not None and (tuple(sq.shape) != (*x.shape[:-1], y.shape[-2]) or sq.dtype != x.dtype
+                           or sq.dtype not in (torch.float32, torch.float64) or sq.device != x.device
                            or not sq.is_contiguous()):
-        raise ValueError(f"sq: a contiguous {x.dtype} tensor of shape {(*x.shape[:-1], y.shape[-2])} expected, "
-                         f"got a {'' if sq.is_contiguous() else 'non-contiguous '}{sq.dtype} tensor of shape "
-                         f"{tuple(sq.shape)}")
+        raise ValueError(f"sq: a contiguous float32 / float64 tensor of x's dtype ({x.dtype}), device ({x.device}) "
+                         f"and shape {(*x.shape[:-1], y.shape[-2])} expected, got a "
+                         f"{'' if sq.is_contiguous() else 'non-contiguous '}{sq.dtype} tensor of shape "
+                         f"{tuple(sq.shape)} on {sq.device}")
     lib = _native(x, y, h)
     if lib is None:
         if sq is not None and sq.numel() > 0:  # the stored distances, read by torch ops
@@ -221,8 +224,12 @@ def softmin(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: in
 def squared_distances(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """(N, M) | (B, N, M) contiguous |x_i - y_j|^2 in the dtype of x, for :func:`softmin`'s ``sq``: the values the
     compiled soft-min computes on the fly (same difference form, same order of the D terms), so a pass that reads
-    them gives the same result; the blocked-torch difference form without the compiled library."""
+    them gives the same result; the blocked-torch difference form without the compiled library. float32 and
+    float64 only (TypeError otherwise)."""
     B = _check(x, y)
+    if x.dtype not in (torch.float32, torch.float64) or y.dtype != x.dtype:
+        raise TypeError(f"squared_distances: float32 or float64 points of one dtype expected, got {x.dtype} and "
+                        f"{y.dtype}")
     lib = _native(x, y)
     if lib is None:
         xb, yb = _batched(B, x.detach(), y.detach())
@@ -316,13 +323,24 @@ def anderson_step(g, g_hat, err, done, value, mask, images, resid, inner, valid,
     it) in one call, for CPU tensors. The state -- images, resid (B, K, M) float64, inner (B, K, K) float64,
     valid (B, K) bool, best, top (B,) float64, since (B,) int64, all contiguous -- is updated in place; w is the
     slot written now. g, g_hat (B, M) float32 or float64; err, value (B,) float64 (value None: no value test);
-    done (B,) bool; mask (B, M) float64. Call only when :func:`available`."""
-    lib = _load()
-    g, g_hat = g.contiguous(), g_hat.contiguous()
-    out = torch.empty_like(g)
+    done (B,) bool; mask (B, M) float64 contiguous. Call only when :func:`available`."""
     nb, k1, m = images.shape
-    getattr(lib, f"srot_anderson_{_suffix(g)}")(
-        _ptr(g), _ptr(g_hat), _ptr(err.contiguous()), None if value is None else _ptr(value.contiguous()),
-        _ptr(done.contiguous()), _ptr(mask), _ptr(images), _ptr(resid), _ptr(inner), _ptr(valid), _ptr(best),
-        _ptr(top), _ptr(since), nb, k1, m, w, gap, _ptr(out))
+    state = {"mask": (mask, torch.float64, (nb, m)), "images": (images, torch.float64, (nb, k1, m)),
+             "resid": (resid, torch.float64, (nb, k1, m)), "inner": (inner, torch.float64, (nb, k1, k1)),
+             "valid": (valid, torch.bool, (nb, k1)), "best": (best, torch.float64, (nb,)),
+             "top": (top, torch.float64, (nb,)), "since": (since, torch.int64, (nb,))}
+    for name, (t, dtype, shape) in state.items():  # written in place or read raw by the C code
+        if t.dtype != dtype or tuple(t.shape) != shape or t.device.type != "cpu" or not t.is_contiguous():
+            raise ValueError(f"anderson_step: {name} must be a contiguous CPU {dtype} tensor of shape {shape}, "
+                             f"got {t.dtype} {tuple(t.shape)} on {t.device}")
+    # contiguous CPU copies where needed, bound to names so that they live through the call
+    g, g_hat = g.detach().cpu().contiguous(), g_hat.detach().cpu().contiguous().to(g.dtype)
+    err = err.detach().cpu().double().contiguous()
+    done = done.detach().cpu().bool().contiguous()
+    value = None if value is None else value.detach().cpu().double().contiguous()
+    out = torch.empty_like(g)
+    getattr(_load(), f"srot_anderson_{_suffix(g)}")(
+        _ptr(g), _ptr(g_hat), _ptr(err), None if value is None else _ptr(value), _ptr(done), _ptr(mask),
+        _ptr(images), _ptr(resid), _ptr(inner), _ptr(valid), _ptr(best), _ptr(top), _ptr(since), nb, k1, m, w, gap,
+        _ptr(out))
     return out

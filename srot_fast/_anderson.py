@@ -4,8 +4,9 @@ The alternating update is a fixed-point map of the column potential alone,
     T(g) = A_b(S_y(A_a(S_x(g)))),
 f being the exact update A_a(S_x(g)). :class:`Anderson` proposes the next g from the last k + 1 iterates;
 :class:`Plain` takes T(g) itself (``accelerate=False``). Both work on (B, M) potentials and (B,) per-problem
-state that stays on the device. The torch code of :meth:`Anderson.step` is the reference; on CPU (unsharded,
-compiled library available) the same step runs as one call of ``srot_fast.kernels.cpu_ops.anderson_step``.
+state that stays on the device. The torch code of :meth:`Anderson.step` is the reference; with ``native`` (the
+loop sets it for the backends built on the compiled CPU library, ``cpu`` and ``blocksparse``) on CPU tensors of
+an unsharded solve, the same step runs as one call of ``srot_fast.kernels.cpu_ops.anderson_step``.
 """
 from __future__ import annotations
 
@@ -60,12 +61,12 @@ class Anderson:
     ``rank_sum`` completes sums over points taken on one shard of a sharded geometry (the identity otherwise)."""
 
     def __init__(self, batch: int, like: torch.Tensor, mask: torch.Tensor, depth: int = DEPTH,
-                 rank_sum=_identity, by_value: bool = False, restart_gap: int = 0):
+                 rank_sum=_identity, by_value: bool = False, restart_gap: int = 0, native: bool = False):
         self.depth = depth
         self.by_value = by_value
         self.restart_gap = restart_gap
         self.rank_sum = rank_sum
-        self.mask = mask.double()
+        self.mask = mask.double().contiguous()
         self.images = None  # (B, depth + 1, M) float64 T(g_i), a ring buffer (allocated at the first step)
         self.resid = None   # (B, depth + 1, M) float64 masked residuals r_i
         self.inner = None   # (B, depth + 1, depth + 1) float64 <r_i, r_j> over the slots
@@ -74,17 +75,18 @@ class Anderson:
         self.best = like.new_full((batch,), math.inf, dtype=torch.float64)  # (B,) smallest error seen
         self.top = like.new_full((batch,), -math.inf, dtype=torch.float64)  # (B,) largest dual objective seen
         self.since = like.new_full((batch,), restart_gap + 1, dtype=torch.int64)  # (B,) updates since a restart
-        # CPU: the compiled step (kernels/cpu_ops.py, anderson_step), the same arithmetic in one call
-        self.native = rank_sum is _identity and like.device.type == "cpu" and cpu_ops.available()
+        # ``native`` (the loop passes it when the backend is built on the compiled CPU library): on CPU the
+        # compiled step (kernels/cpu_ops.py, anderson_step), the same arithmetic in one call
+        self.native = native and rank_sum is _identity and like.device.type == "cpu" and cpu_ops.available()
 
     def subset(self, idx: torch.Tensor) -> "Anderson":
         """The state of problems ``idx`` (int64 (K,)), for a smaller batch that goes on from here."""
         out = Anderson(int(idx.numel()), self.best, self.mask[idx], depth=self.depth, rank_sum=self.rank_sum,
-                       by_value=self.by_value, restart_gap=self.restart_gap)
+                       by_value=self.by_value, restart_gap=self.restart_gap, native=self.native)
         if self.images is not None:
             out.images, out.resid, out.inner = self.images[idx], self.resid[idx], self.inner[idx]
         out.slot, out.valid, out.best, out.top = self.slot, self.valid[idx], self.best[idx], self.top[idx]
-        out.since, out.native = self.since[idx], self.native
+        out.since = self.since[idx]
         return out
 
     def step(self, g, g_hat, err, done, value=None):

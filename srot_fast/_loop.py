@@ -264,8 +264,9 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         offsets = getattr(real, "u", None) is not None or getattr(real, "v", None) is not None
         by_value = not (pen_a.balanced and pen_b.balanced) or (rebalance is not None and offsets)
         gap = RESTART_GAP if rebalance is not None and offsets else 0
-        stepper = (Anderson(batch, f, mask, rank_sum=_rank_sum(geom), by_value=by_value, restart_gap=gap)
-                   if accelerate else Plain())
+        native = getattr(getattr(real, "ops", None), "CPU_LIBRARY", False)  # its step compiled there too
+        stepper = (Anderson(batch, f, mask, rank_sum=_rank_sum(geom), by_value=by_value, restart_gap=gap,
+                            native=native) if accelerate else Plain())
     vtest = _ValueTest(value_tol) if vtest is None else vtest
     checks = _Checks(f.device, check_every)
     done = torch.zeros(batch, dtype=torch.bool, device=f.device)

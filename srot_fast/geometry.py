@@ -58,44 +58,50 @@ class Geometry:
         self.ops, self.x, self.y, self.p, self.u, self.v = ops, x, y, p, u, v
         self.options = {} if options is None else dict(options)
         self.batch, self.n, self.m = x.shape[0], x.shape[-2], y.shape[-2]
-        self._sq = stored  # see _stored: a pair of tensors, False (not kept) or None (not decided yet)
+        self._sq = stored  # see _stored: [distances, transpose or None], False (not kept), None (not decided yet)
 
-    def _stored(self):
-        """The (B, N, M) squared distances |x_i - y_j|^2 and their (B, M, N) transpose, kept for the soft-min
-        passes when the backend reads them (``ops.squared_distances``), on CPU, in dimension D >= STORE_MIN_D and
-        for B N M <= STORE_PAIRS (2 B N M values, 32 MB in float32 at the limit), or in any dimension for
-        B N M <= STORE_SMALL (2 MB): in high dimension a pass then reads N M values instead of computing N M
-        distances of D terms (5x faster at D = 64, 18x at D = 256; N = M = 1000, one thread), on the smallest
-        problems it skips the per-pass transpose of y (10-35 % at D = 2); the result is the same (the values the
-        streaming pass computes). Computed at the first pass (the cost of one pass); None when not kept."""
+    def _stored(self, side: int):
+        """The (B, N, M) squared distances |x_i - y_j|^2 (``side`` 0) or their (B, M, N) transpose (1), kept for the
+        soft-min passes when the backend reads them (``ops.squared_distances``), on CPU, in float32 / float64, in
+        dimension D >= STORE_MIN_D for B N M <= STORE_PAIRS (2 B N M values at most: 32 MB in float32, 64 MB in
+        float64), or in any dimension for B N M <= STORE_SMALL: in high dimension a pass then reads N M values
+        instead of computing N M distances of D terms (5x faster at D = 64, 18x at D = 256; N = M = 1000, one
+        thread), on the smallest problems it skips the per-pass transpose of y (10-35 % at D = 2). They are the
+        values the compiled pass computes, so the result is the same. Computed at the first pass of each side
+        (the cost of one pass); None when not kept."""
         if self._sq is None:
             sq_fn = getattr(self.ops, "squared_distances", None)
+            pairs = self.batch * self.n * self.m
             keep = (sq_fn is not None and self.x.device.type == "cpu" and self.x.dtype == self.y.dtype
-                    and self.x.dtype in (torch.float32, torch.float64) and 0 < self.batch * self.n * self.m
-                    and (self.batch * self.n * self.m <= STORE_SMALL
-                         or (self.x.shape[-1] >= STORE_MIN_D and self.batch * self.n * self.m <= STORE_PAIRS)))
-            self._sq = False
-            if keep:
-                sq = sq_fn(self.x, self.y)
-                self._sq = (sq, sq if self.x is self.y else sq.transpose(1, 2).contiguous())
-        return self._sq or None
+                    and self.x.dtype in (torch.float32, torch.float64) and 0 < pairs
+                    and (pairs <= STORE_SMALL or (self.x.shape[-1] >= STORE_MIN_D and pairs <= STORE_PAIRS)))
+            self._sq = [sq_fn(self.x, self.y), None] if keep else False
+        if not self._sq:
+            return None
+        if self._sq[side] is None:  # the transpose, at the first column pass (self-transport solves have none)
+            self._sq[side] = self._sq[1 - side].transpose(1, 2).contiguous()
+        return self._sq[side]
+
+    def release(self) -> None:
+        """Frees the stored distances (the passes after this stream)."""
+        self._sq = False
 
     def softmin_x(self, h: torch.Tensor, eps: float) -> torch.Tensor:
         """(B, N) -eps * LSE_j[h_j - c'_ij / eps] for column log-weights h (B, M)."""
         if self.v is not None:
             h = h - self.v / eps
-        stored = self._stored()
-        extra = self.options if stored is None else dict(self.options, sq=stored[0])
-        out = self.ops.softmin(self.x, self.y, h, eps, self.p, **extra)
+        sq = self._stored(0)
+        out = self.ops.softmin(self.x, self.y, h, eps, self.p, **(self.options if sq is None else
+                                                                   dict(self.options, sq=sq)))
         return out if self.u is None else out + self.u
 
     def softmin_y(self, h: torch.Tensor, eps: float) -> torch.Tensor:
         """(B, M) -eps * LSE_i[h_i - c'_ij / eps] for row log-weights h (B, N)."""
         if self.u is not None:
             h = h - self.u / eps
-        stored = self._stored()
-        extra = self.options if stored is None else dict(self.options, sq=stored[1])
-        out = self.ops.softmin(self.y, self.x, h, eps, self.p, **extra)
+        sq = self._stored(1)
+        out = self.ops.softmin(self.y, self.x, h, eps, self.p, **(self.options if sq is None else
+                                                                   dict(self.options, sq=sq)))
         return out if self.v is None else out + self.v
 
     def weighted_mean(self, side: str, h: torch.Tensor, eps: float, phi: str) -> torch.Tensor:
@@ -117,11 +123,11 @@ class Geometry:
         """The problems ``idx`` (int64 (K,)) of the batch, as a geometry of their own."""
         u = None if self.u is None else self.u[idx]
         v = None if self.v is None else self.v[idx]
-        stored = (self._sq[0][idx], self._sq[1][idx]) if self._sq else self._sq
+        stored = [None if t is None else t[idx] for t in self._sq] if self._sq else self._sq
         return Geometry(self.ops, self.x[idx], self.y[idx], self.p, u, v, self.options, stored)
 
     def transposed(self) -> "Geometry":
-        stored = (self._sq[1], self._sq[0]) if self._sq else self._sq
+        stored = self._sq[::-1] if self._sq else self._sq
         return Geometry(self.ops, self.y, self.x, self.p, self.v, self.u, self.options, stored)
 
 

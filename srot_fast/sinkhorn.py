@@ -393,6 +393,7 @@ def _solve(x, y, a=None, b=None, *, p, eps, penalty="balanced", tau=None, mass=N
             if inp.pen_a.balanced and inp.pen_b.balanced:
                 _check_balance(mass_a, mass_b, inp.in_dtype)
             fit = _fit_full(geom, inp, eps, eps_list, init, self_transport)
+        geom.release()  # the passes after the fit (gradients, plans) stream
         _check_solution(fit.sol, inp.tol, inp.max_iter, inp.value_tol)
         saved = _saved(geom, inp, fit, eps)
     value = EnvelopeValue.apply(fit.value, saved, inp.x, inp.y, inp.a, inp.b, inp.u, inp.v).to(inp.in_dtype)

@@ -192,7 +192,7 @@ def test_softmin_reads_stored_squared_distances(d, dtype, p, batched, compiled, 
 def test_squared_distances_are_exact_and_checked(compiled, monkeypatch):
     """``squared_distances`` is the difference form |x_i - y_j|^2 (exact for clouds far from the origin, 0 on
     coincident points), compiled or not; a soft-min pass over it equals the streaming pass to rounding; and
-    ``softmin`` refuses an ``sq`` of the wrong shape or dtype, naming it."""
+    ``softmin`` refuses an ``sq`` of the wrong shape, dtype or device, naming it (half points: TypeError)."""
     if compiled:
         _backend("cpu")
     else:
@@ -216,6 +216,10 @@ def test_squared_distances_are_exact_and_checked(compiled, monkeypatch):
         cpu_ops.softmin(x, y, h, 1.0, 2, sq=sq.T)
     with pytest.raises(ValueError, match="sq"):
         cpu_ops.softmin(x, y, h, 1.0, 2, sq=sq.float())
+    with pytest.raises(ValueError, match="sq"):
+        cpu_ops.softmin(x, y, h, 1.0, 2, sq=sq.to("meta"))
+    with pytest.raises(TypeError, match="squared_distances"):
+        cpu_ops.squared_distances(x.half(), y.half())
 
 
 @pytest.mark.triton

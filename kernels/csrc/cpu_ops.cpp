@@ -941,7 +941,9 @@ void anderson_step(const T* g, const T* ghat, const double* err, const double* v
     if (value != nullptr) {  // ... unless the dual objective is at its best so far
       const bool rising = value[b] >= top[b];
       bad = std::isnan(e) || (bad && !rising);
-      const double v = std::isnan(value[b]) ? -inf : value[b];
+      // as torch's nan_to_num(-inf): NaN -> -inf, +-inf -> +-largest double
+      const double dmax = std::numeric_limits<double>::max();
+      const double v = std::isnan(value[b]) ? -inf : std::max(-dmax, std::min(dmax, value[b]));
       top[b] = std::max(top[b], v);
     }
     const double e_inf = std::isnan(e) ? inf : (e == inf ? std::numeric_limits<double>::max() : e);
