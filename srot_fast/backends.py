@@ -37,7 +37,8 @@ _IMPL = {
     "triton": ("triton_softmin", "triton", "srot_fast[triton]"),
     "blocksparse": ("blocksparse", None, None),
 }
-_SMALL = 1 << 12  # N * M below which 'auto' keeps the dense reference on CPU (launch overheads dominate)
+_SMALL = 1 << 12  # N * M below which 'auto' keeps the dense reference on CPU when the compiled kernel is
+# unavailable (the blocked-torch fallback's per-call overheads dominate there)
 # 'auto' on CPU takes 'blocksparse' for d <= 3, N * M >= SPARSE_PAIRS and blur <= SPARSE_BLUR[p] x diameter
 # (benchmarks/results/2026-11-26-blocksparse2/NOTES.md has the measurements behind these values)
 SPARSE_PAIRS = 10**9
@@ -76,7 +77,8 @@ def resolve_backend(name: str, n: int, m: int, device, points=None, eps=None, p=
     """Concrete backend for ``name`` in {'auto', 'tensorized', 'cpu', 'keops', 'triton', 'blocksparse'}.
 
     'auto': on CUDA, 'triton' if installed, else 'keops', else 'tensorized'; on CPU, 'tensorized'
-    for N * M < 4096, 'blocksparse' when the caller passes ``points`` = (x, y), ``eps`` and ``p`` and
+    for N * M < 4096 when the compiled kernel is unavailable (with it, 'cpu' is 2-3x faster there: its
+    Anderson step and stored distances), 'blocksparse' when the caller passes ``points`` = (x, y), ``eps`` and ``p`` and
     the points have d <= 3, N * M >= ``SPARSE_PAIRS`` (1e9), the blur eps^(1/p) is at most
     ``SPARSE_BLUR[p]`` (0.01 at p = 1, 0.05 at p = 2) times the bounding-box diagonal of x and y, and
     the C++ kernel compiles; else 'cpu' (the compiled kernel when a C++ compiler is present).
@@ -88,7 +90,10 @@ def resolve_backend(name: str, n: int, m: int, device, points=None, eps=None, p=
                     return cand
             return "tensorized"
         if n * m < _SMALL:
-            return "tensorized"
+            from .kernels import cpu_ops
+
+            if not cpu_ops.available():
+                return "tensorized"
         return "blocksparse" if _sparse_pays(n, m, points, eps, p) else "cpu"
     if name not in _IMPL:
         raise ValueError(f"backend must be 'auto' or one of {BACKENDS}, got {name!r}")

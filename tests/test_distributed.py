@@ -47,6 +47,13 @@ def _spawn(fn, world: int, *args) -> None:
             pytest.fail(f"distributed workers did not finish within {TIMEOUT} s (a hang)")
 
 
+def _finish() -> None:
+    """Leave the group together: without the barrier a rank that finishes first can exit while the others are
+    still tearing gloo down, and a process then aborts at exit ("terminate called without an active exception")."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def _init(rank: int, world: int, port: int) -> None:
     loopback = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
     if loopback:
@@ -263,7 +270,7 @@ def _worker_2(rank, world, port):
     _check_errors(rank, world, bad_rank=1)
     _check_precision(rank, world)
     _check_flow_example(rank, world)
-    dist.destroy_process_group()
+    _finish()
 
 
 def _check_flow_example(rank, world):
@@ -302,7 +309,7 @@ def _worker_3(rank, world, port):
     _check_warm_start(rank, cuts_x, cuts_y, "gather")
     _check_errors(rank, world, bad_rank=2)
     _check_subgroup(rank)
-    dist.destroy_process_group()
+    _finish()
 
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
