@@ -14,14 +14,19 @@ import math
 
 import torch
 
-from .kernels import cpu_ops
-
 DEPTH = 5  # potentials kept in the history
 RESTART_GAP = 2  # partial OT with offsets: a bad step in the RESTART_GAP + 1 updates after a restart keeps the history
 
 
 def _identity(t: torch.Tensor) -> torch.Tensor:
     return t
+
+
+def _cpu_ops():
+    """The compiled CPU backend's module (imported on first use, not with the package)."""
+    from .kernels import cpu_ops
+
+    return cpu_ops
 
 
 class Plain:
@@ -77,7 +82,7 @@ class Anderson:
         self.since = like.new_full((batch,), restart_gap + 1, dtype=torch.int64)  # (B,) updates since a restart
         # ``native`` (the loop passes it when the backend is built on the compiled CPU library): on CPU the
         # compiled step (kernels/cpu_ops.py, anderson_step), the same arithmetic in one call
-        self.native = native and rank_sum is _identity and like.device.type == "cpu" and cpu_ops.available()
+        self.native = native and rank_sum is _identity and like.device.type == "cpu" and _cpu_ops().available()
 
     def subset(self, idx: torch.Tensor) -> "Anderson":
         """The state of problems ``idx`` (int64 (K,)), for a smaller batch that goes on from here."""
@@ -98,9 +103,9 @@ class Anderson:
             self.inner = g.new_zeros((g.shape[0], self.depth + 1, self.depth + 1), dtype=torch.float64)
         w, self.slot = self.slot, (self.slot + 1) % (self.depth + 1)
         if self.native and g.dtype in (torch.float32, torch.float64) and g_hat.dtype == g.dtype:
-            return cpu_ops.anderson_step(g, g_hat, err.double(), done, value.double() if self.by_value else None,
-                                         self.mask, self.images, self.resid, self.inner, self.valid, self.best,
-                                         self.top, self.since, w, self.restart_gap)
+            return _cpu_ops().anderson_step(g, g_hat, err, done, value if self.by_value else None, self.mask,
+                                            self.images, self.resid, self.inner, self.valid, self.best, self.top,
+                                            self.since, w, self.restart_gap)
         bad = ~(err <= 2 * self.best)
         if self.by_value:
             rising = value >= self.top  # False where value is NaN

@@ -77,7 +77,7 @@ def resolve_backend(name: str, n: int, m: int, device, points=None, eps=None, p=
     """Concrete backend for ``name`` in {'auto', 'tensorized', 'cpu', 'keops', 'triton', 'blocksparse'}.
 
     'auto': on CUDA, 'triton' if installed, else 'keops', else 'tensorized'; on CPU, 'tensorized'
-    for N * M < 4096 when the compiled kernel is unavailable (with it, 'cpu' is 1.6-4x faster there: its
+    for N * M < 4096 when the compiled kernel is unavailable (with it, 'cpu' is faster there too: its
     Anderson step and stored distances), 'blocksparse' when the caller passes ``points`` = (x, y), ``eps`` and ``p`` and
     the points have d <= 3, N * M >= ``SPARSE_PAIRS`` (1e9), the blur eps^(1/p) is at most
     ``SPARSE_BLUR[p]`` (0.01 at p = 1, 0.05 at p = 2) times the bounding-box diagonal of x and y, and
