@@ -242,7 +242,7 @@ def test_compiled_anderson_step_equals_the_torch_step(dtype, by_value, gap):
     """The compiled step (CPU) and the torch step, fed the same 40 steps of a noisy contraction on a batch of 3
     with zero-weight points (a transposed, non-contiguous mask), finished problems, restarts, a NaN and an
     infinite error and NaN and infinite objectives, return the same iterates and state: float64 within 1e-12
-    relative (sums in another order), float32 within one rounding of the float64 combination."""
+    relative (sums in another order), float32 within 1e-5 (roundings of the float64 combination)."""
     from srot_fast._anderson import Anderson
 
     gen = torch.Generator().manual_seed(0)
@@ -274,7 +274,8 @@ def test_compiled_anderson_step_equals_the_torch_step(dtype, by_value, gap):
         runs.append((torch.stack(out), acc))
     (a, ta), (b, na) = runs
     assert restarts > 10  # the safeguard acted, on both paths
-    tol = dict(rtol=1e-12, atol=1e-12) if dtype == F64 else dict(rtol=2e-7, atol=1e-6)
+    # float32: equal here; a one-ulp rounding of the float64 combination elsewhere may propagate a few steps
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == F64 else dict(rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(b, a, **tol)
     for name in ("images", "resid", "inner", "best", "top"):  # errors and objectives come from the iterates
         torch.testing.assert_close(getattr(na, name), getattr(ta, name), rtol=1e-12, atol=1e-12)
@@ -316,7 +317,7 @@ def test_stored_distances_change_nothing_but_speed(p, d, monkeypatch):
         assert loss.last_result._geom._sq is False  # released after the fit
     (v1, g1, n1, stored), (v0, g0, n0, _) = runs
     assert stored and not any(seen)
-    assert n1 == n0
+    assert abs(n1 - n0) <= 1  # equal here; another compiler may vectorise the two passes' sums differently
     torch.testing.assert_close(v1, v0, rtol=1e-6, atol=0)
     torch.testing.assert_close(g1, g0, rtol=1e-5, atol=1e-7)
 
