@@ -263,7 +263,7 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         real = getattr(geom, "real", geom)  # partial OT: the geometry of the real points
         offsets = getattr(real, "u", None) is not None or getattr(real, "v", None) is not None
         by_value = not (pen_a.balanced and pen_b.balanced) or (rebalance is not None and offsets)
-        gap = RESTART_GAP if rebalance is not None and offsets else 0
+        gap = RESTART_GAP if pen_a.balanced and pen_b.balanced else 0
         native = getattr(getattr(real, "ops", None), "CPU_LIBRARY", False)  # its step compiled there too
         stepper = (Anderson(batch, f, mask, rank_sum=_rank_sum(geom), by_value=by_value, restart_gap=gap,
                             native=native) if accelerate else Plain())
@@ -305,6 +305,20 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         t = geom.softmin_y(log_a + f / eps, eps)
         passes += 1
     return Solution(f, g, s, t, n_iter, err, passes, checks.syncs, done)
+
+
+def centred(sol: Solution, log_a: torch.Tensor, log_b: torch.Tensor, point_sum=_local_sum) -> Solution:
+    """Balanced OT determines its potentials up to (f + c, g - c): ``sol`` with, per problem, the c that makes
+    <a, f> = <b, g>. Applied at the end of a solve, so that solves of one problem that reach the same f - g
+    along different paths (sharded or not, warm-started or cold, rounded differently) return the same
+    potentials and weight gradients; the plan, the marginal error and (for equal masses) the value are
+    unchanged. Points of zero weight count for nothing."""
+    a, b = log_a.double().exp(), log_b.double().exp()
+    fa = torch.where(a > 0, a * sol.f.double(), 0.0)
+    gb = torch.where(b > 0, b * sol.g.double(), 0.0)
+    c = ((point_sum(gb) - point_sum(fa)) / (point_sum(a) + point_sum(b)))[:, None].to(sol.f.dtype)
+    return Solution(sol.f + c, sol.g - c, sol.s + c, None if sol.t is None else sol.t - c, sol.n_iter,
+                    sol.marginal_error, sol.passes, sol.syncs, sol.converged)
 
 
 def loose_solve(geom, log_a, log_b, pen_a, pen_b, f, g, eps: float, target: float, last: int, budget: int,

@@ -493,6 +493,34 @@ def test_batched_solve_equals_one_solve_per_problem(backend, problem):
         assert float(res.row_mass[k, n:].abs().sum()) == 0.0 and float(res.col_mass[k, m:].abs().sum()) == 0.0
 
 
+@pytest.mark.parametrize("backend", ["tensorized", "cpu"])
+def test_balanced_potentials_have_one_constant(backend):
+    """Balanced OT fixes f and g up to (f + c, g - c); a solve returns the c with <a, f> = <b, g>, per problem
+    and over points of positive weight, so a warm start from shifted potentials, a cold start and a padded
+    batch return the same potentials (to the solve's tolerance, not a path-dependent ~1e-9)."""
+    x, y = _gaussians(n=200, seed=3)
+    a = torch.rand(200, dtype=F64, generator=torch.Generator().manual_seed(4)) + 0.5
+    a, b = a / a.sum(), torch.full((200,), 1 / 200, dtype=F64)
+    kw = dict(p=2, eps=0.02, tol=1e-11, max_iter=50000, backend=backend)
+    cold = sinkhorn(x, y, a, b, **kw)
+    assert float((a * cold.f).sum() - (b * cold.g).sum()) == pytest.approx(0.0, abs=1e-12)
+    warm = sinkhorn(x, y, a, b, init=(cold.f + 7.0, cold.g - 7.0), **kw)
+    torch.testing.assert_close(warm.f, cold.f, rtol=0, atol=1e-9)
+    torch.testing.assert_close(warm.g, cold.g, rtol=0, atol=1e-9)
+    # padding: a zero-weight point (far away) in each cloud of a batch of two
+    X = torch.stack([torch.cat([x, torch.full((1, 2), 50.0, dtype=F64)]), torch.cat([y, x[:1]])[[*range(200), 0]]])
+    Y = torch.stack([torch.cat([y, y[:1]]), torch.cat([x, torch.full((1, 2), -50.0, dtype=F64)])])
+    A = torch.stack([torch.cat([a, a.new_zeros(1)]), torch.cat([b, b.new_zeros(1)])])
+    B = torch.stack([torch.cat([b, b.new_zeros(1)]), torch.cat([a, a.new_zeros(1)])])
+    both = sinkhorn(X, Y, A, B, **kw)
+    torch.testing.assert_close(both.f[0, :200], cold.f, rtol=0, atol=1e-9)
+    torch.testing.assert_close(both.g[0, :200], cold.g, rtol=0, atol=1e-9)
+    swapped = sinkhorn(y, x, b, a, **kw)  # the transposed problem: potentials swap sides, same constant
+    torch.testing.assert_close(both.f[1, :200], swapped.f, rtol=0, atol=1e-9)
+    torch.testing.assert_close(swapped.f, cold.g, rtol=0, atol=1e-9)
+    torch.testing.assert_close(swapped.g, cold.f, rtol=0, atol=1e-9)
+
+
 @pytest.mark.parametrize("strategy,reach", [(None, None), ("hard", 1.0), ("soft", 1.0)])
 def test_loss_padding_is_neutral(strategy, reach):
     """A zero-weight padded point at (100, 100) changes neither the value nor the gradient: gamma and the
