@@ -15,7 +15,7 @@ import math
 import torch
 
 DEPTH = 5  # potentials kept in the history
-RESTART_GAP = 2  # balanced and partial OT: a bad step in the RESTART_GAP + 1 updates after a restart keeps the history
+RESTART_GAP = 2  # partial OT with offsets: a bad step in the RESTART_GAP + 1 updates after a restart keeps the history
 
 
 def _identity(t: torch.Tensor) -> torch.Tensor:
@@ -57,11 +57,11 @@ class Anderson:
     the (B,) dual objective passed to :meth:`step` is at its best so far: the iterate then made progress on the
     objective Sinkhorn maximises and is kept. Unbalanced OT and partial OT with cost offsets use ``by_value``;
     balanced OT and partial OT without offsets keep the error test alone (measured, docs/DESIGN.md,
-    Acceleration). With ``restart_gap`` = k > 0 (the loop passes RESTART_GAP for balanced and partial OT), a bad
+    Acceleration). With ``restart_gap`` = k > 0 (the loop passes RESTART_GAP for partial OT with offsets), a bad
     step in the k + 1 updates after a restart takes the plain step but keeps the (fresh) history: restarting again
     would leave two entries, whose extrapolation can overshoot the same way at every restart, a cycle that made
-    no progress for thousands of updates on partial OT with offsets (on KL / TV the gap cost updates;
-    docs/DESIGN.md). Residuals
+    no progress for thousands of updates there (on KL / TV the gap cost updates, on balanced OT it made the
+    loss's early stops on its value test later; docs/DESIGN.md). Residuals
     count on points of positive weight only (``mask`` (B, M)), so zero-weight padding changes nothing.
     ``rank_sum`` completes sums over points taken on one shard of a sharded geometry (the identity otherwise)."""
 

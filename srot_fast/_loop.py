@@ -263,7 +263,7 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         real = getattr(geom, "real", geom)  # partial OT: the geometry of the real points
         offsets = getattr(real, "u", None) is not None or getattr(real, "v", None) is not None
         by_value = not (pen_a.balanced and pen_b.balanced) or (rebalance is not None and offsets)
-        gap = RESTART_GAP if pen_a.balanced and pen_b.balanced else 0
+        gap = RESTART_GAP if rebalance is not None and offsets else 0
         native = getattr(getattr(real, "ops", None), "CPU_LIBRARY", False)  # its step compiled there too
         stepper = (Anderson(batch, f, mask, rank_sum=_rank_sum(geom), by_value=by_value, restart_gap=gap,
                             native=native) if accelerate else Plain())

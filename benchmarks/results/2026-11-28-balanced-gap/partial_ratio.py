@@ -1,4 +1,10 @@
-import json, sys
+"""Updates of partial OT (mass 0.5) over those of balanced OT on the same data without offsets, per grid case.
+
+    python partial_ratio.py base gap
+"""
+import json
+import sys
+
 for tag in sys.argv[1:]:
     out = []
     for cfg in ("d2", "d64", "n4000"):
