@@ -156,9 +156,9 @@ def _check_losses(rank, cuts_x, cuts_y, modes, losses):
     x, y, a, b, _, _, s_x, s_y = _data(cuts_x[-1], cuts_y[-1], seed=1)
     sx, sy = slice(cuts_x[rank], cuts_x[rank + 1]), slice(cuts_y[rank], cuts_y[rank + 1])
     for kw in losses:
-        # balanced OT leaves its potentials free up to (f + c, g - c), and the weights' gradients with them: two
-        # runs whose iterates differ by rounding may settle on constants ~1e-9 apart (measured 5.5e-10 and
-        # 2.8e-9 with two versions of the loop); what is left after removing c is held to TOL
+        # balanced OT leaves its potentials free up to (f + c, g - c), and the weights' gradients with them; a
+        # solve picks the c with <a, f> = <b, g>, so two runs whose iterates differ by rounding agree on it to
+        # their tolerance (1e-7 here); what is left after removing c is held to TOL
         gauge = not any(k in kw for k in ("reach", "penalty", "mass"))
         ref_in = _leaves(a, x, b, y)
         scores = (s_x, s_y) if kw.get("strategy") else None
