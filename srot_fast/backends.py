@@ -10,8 +10,8 @@ keops          pykeops LazyTensor reductions (CPU and CUDA)             O((N + M
 triton         hand-written Triton kernels (CUDA; TRITON_INTERPRET=1)   O((N + M) D)
 blocksparse    the cpu kernel (CPU) or Triton kernels (CUDA) on the     O((N + M) D + kept
                block pairs a bound cannot drop (d <= 3; small eps       block pairs)
-               against the data's scale); cold solves on CPU start
-               on grid cells (srot_fast._multiscale)
+               against the data's scale); cold solves start on
+               grid cells (srot_fast._multiscale)
 =============  ======================================================  ==================
 
 Optional backends are imported lazily, on first use, never at ``import srot_fast``. An explicitly

@@ -2,7 +2,7 @@ r"""Generated 2-D data sets of the paper (docs/DESIGN.md, Experiments), determin
 
 - :func:`make_toy_2d`: the 2-D plans example (paper Figs. 1 and 2): two uniform squares of ``n`` points each,
   each tainted with type-I outliers (far from both measures) and type-II outliers (inside the other measure).
-- :func:`make_flow_2d`: the 2-D gradient-flow example (paper Fig. 4): a data measure ``alpha`` on an annulus
+- :func:`make_flow_2d`: the 2-D gradient-flow example (paper Fig. 3): a data measure ``alpha`` on an annulus
   tainted with type-II outliers drawn from the law of the initial flowing measure ``beta0``.
 - :func:`make_cloud_3d`: a 3-D point-cloud example: a sphere shell tainted with type-II outliers drawn from
   the law of the other measure, a torus.

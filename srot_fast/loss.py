@@ -57,7 +57,7 @@ class SROTLoss(nn.Module):
             not from back-propagation through the iterations, so the potentials carry no graph.
         verbose: print the solver's diagnostics after each call.
         backend: 'auto' | 'online' (streaming: 'cpu' on CPU, 'triton'/'keops' on CUDA) | 'tensorized' | 'cpu' |
-            'keops' | 'triton'.
+            'keops' | 'triton' | 'blocksparse'.
         strategy: None (plain OT), 'hard' (drop detected outliers' mass, renormalise) or 'soft'
             (add gamma / CE offsets to the cost; pair it with reach or mass so OT may refuse to move them).
         penalty: 'kl' (unbalanced OT) or 'tv' (partial-like), used when reach is set; 'balanced'

@@ -5,7 +5,8 @@ alpha = clean annulus alpha_c + 10 % outliers drawn from beta_0's law (:func:`sr
 beta_t starts at beta_0 and moves by y <- y - lr * M * grad_y h(alpha, beta_t) (explicit Euler, GeomLoss
 convention). Losses h: OT, UOT (KL), partial OT (mass 0.9), SROT-CE hard, SROT hard, SROT soft (partial OT,
 mass 0.9) with and without the paper's rescaling of beta to mass 0.9. Ground cost |x - y| (p = 1), blur 0.05.
-``srot-fast demo`` runs the same flows (:func:`run_flows`) at the quick size.
+``srot-fast demo`` runs the same flows (:func:`run_flows`) at the default size (``demo --quick``: at the quick
+size).
 
 Why p = 1 (the paper's Euclidean cost): with blur 0.05, eps = 0.05 and max C / eps ~ 90, so a warm-started
 Sinkhorn step converges in a few iterations. With p = 2 and the same blur, eps = 0.0025 and max C / eps ~ 4000:
@@ -15,7 +16,8 @@ The detectors (VAT and CE-only, :class:`srot_fast.OutlierDetector`) are fitted o
 beta_0 (target), before the flows; beta_t's points are never flagged.
 
 Memory is linear in n along the whole path (online Sinkhorn backends 'cpu' / 'blocksparse' / 'keops' /
-'triton'; 'auto' picks one above 64 x 64 points, 'blocksparse' on CPU from about n = 32 000, see
+'triton'; 'auto' picks 'cpu' on CPU ('tensorized' below 64 x 64 points only without the compiled kernel),
+'blocksparse' from about n = 32 000, see
 :func:`srot_fast.backends.resolve_backend`): W1(alpha_c, beta_t) is exact (``ot.emd2``) on fixed random
 subsamples of at most ``--w1-points`` points per measure (exact on the whole measures at the default
 n = 1000), the detectors train on at most ``--detector-points`` points per measure (all of them at the

