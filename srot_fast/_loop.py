@@ -307,13 +307,17 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     return Solution(f, g, s, t, n_iter, err, passes, checks.syncs, done)
 
 
-def centred(sol: Solution, log_a: torch.Tensor, log_b: torch.Tensor, point_sum=_local_sum) -> Solution:
-    """Balanced OT determines its potentials up to (f + c, g - c): ``sol`` with, per problem, the c that makes
-    <a, f> = <b, g>. Applied at the end of a solve, so that solves of one problem that reach the same f - g
-    along different paths (sharded or not, warm-started or cold, rounded differently) return the same
-    potentials and weight gradients; the plan, the marginal error and (for equal masses) the value are
-    unchanged. Points of zero weight count for nothing."""
-    a, b = log_a.double().exp(), log_b.double().exp()
+def centred(sol: Solution, a: torch.Tensor, b: torch.Tensor, pen_a: Penalty, pen_b: Penalty, tol: Optional[float],
+            point_sum=_local_sum) -> Solution:
+    """Balanced OT (with a tolerance) determines its potentials up to (f + c, g - c): ``sol`` with, per problem,
+    the c that makes <a, f> = <b, g> for the (B, N), (B, M) weights a, b; any other solution as it is. Applied at
+    the end of a solve, so that solves of one problem that reach the same f - g along different paths (sharded
+    or not, warm-started or cold, rounded differently) return the same potentials and weight gradients; the
+    plan, the marginal error and (for equal masses) the value are unchanged. Points of zero weight count for
+    nothing. The fixed schedule (``tol`` None) keeps GeomLoss's potentials."""
+    if not (pen_a.balanced and pen_b.balanced) or tol is None:
+        return sol
+    a, b = a.double(), b.double()
     fa = torch.where(a > 0, a * sol.f.double(), 0.0)
     gb = torch.where(b > 0, b * sol.g.double(), 0.0)
     c = ((point_sum(gb) - point_sum(fa)) / (point_sum(a) + point_sum(b)))[:, None].to(sol.f.dtype)

@@ -238,8 +238,7 @@ def _solve(comm: Comm, x, y, a, b, u, v, ns: list, ms: list, *, p, eps, pen_a, p
             else:
                 sol = _loop.alternating(geom, a1.log(), b1.log(), pen_a, pen_b, eps_list, tol, max_iter, init,
                                         accelerate, check_every, value_tol=value_tol)
-                if pen_a.balanced and pen_b.balanced and tol is not None:
-                    sol = _loop.centred(sol, a1.log(), b1.log(), _loop._point_sum(geom))
+                sol = _loop.centred(sol, a1, b1, pen_a, pen_b, tol, _loop._point_sum(geom))
             value, ga, gb = _dual_value(comm, a1, b1, sol.f, sol.g, sol.s, sol.t, pen_a, pen_b, eps, False)
             if tol is None:
                 value = _sums(comm, [a1 * schedule_terms(pen_a, sol.f, eps)], False)[0] + \

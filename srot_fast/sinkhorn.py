@@ -208,8 +208,7 @@ def _fit_full(geom: Geometry, inp: _Inputs, eps, eps_list, init, self_transport)
     else:
         sol = _multiscale.alternating(geom, a.log(), b.log(), pen_a, pen_b, eps_list, inp.tol, inp.max_iter, init,
                                       inp.accelerate, inp.check_every, **loop)
-        if pen_a.balanced and pen_b.balanced and inp.tol is not None:
-            sol = _loop.centred(sol, a.log(), b.log())
+        sol = _loop.centred(sol, a, b, pen_a, pen_b, inp.tol)
     value, ga, gb = _dual_value(a, b, sol.f, sol.g, sol.s, sol.t, pen_a, pen_b, eps)
     if inp.tol is None:  # GeomLoss's value for its fixed schedule
         value = (a * schedule_terms(pen_a, sol.f, eps)).sum(-1) + (b * schedule_terms(pen_b, sol.g, eps)).sum(-1)
