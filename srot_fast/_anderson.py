@@ -15,6 +15,7 @@ import math
 import torch
 
 DEPTH = 5  # potentials kept in the history
+FAR = 1e6  # a proposal whose relative column error exceeds this (and twice the best error) is not taken
 RESTART_GAP = 2  # partial OT with offsets: a bad step in the RESTART_GAP + 1 updates after a restart keeps the history
 
 
@@ -33,6 +34,7 @@ class Plain:
     """Plain alternating Sinkhorn: g <- T(g) (frozen where ``done``)."""
 
     by_value = False
+    proposes = False  # g is always T(g) (or frozen): the column marginal is exact
 
     def step(self, g, g_hat, err, done, value=None):
         return torch.where(done[:, None], g, g_hat)
@@ -52,7 +54,8 @@ class Anderson:
     slots with the Gram matrix of its residuals, <r_i, r_j>, kept up to date: an entry adds one row of inner
     products, and the normal equations follow from that matrix, so an update costs two products of the
     (DEPTH + 1, M) history with a vector and a handful of tensor operations for the whole batch.
-    Safeguard: where the marginal error rose above twice its best value since the last restart (or is NaN),
+    Safeguard: a proposal far from T(g) (:meth:`too_far`) is replaced by T(g) before any pass uses it; where
+    the (row) marginal error rose above twice its best value since the last restart (or is NaN),
     the plain step T(g) is taken and that problem's history and best error restart -- unless ``by_value`` and
     the (B,) dual objective passed to :meth:`step` is at its best so far: the iterate then made progress on the
     objective Sinkhorn maximises and is kept. Unbalanced OT and partial OT with cost offsets use ``by_value``;
@@ -64,6 +67,8 @@ class Anderson:
     loss's early stops on its value test later; docs/DESIGN.md). Residuals
     count on points of positive weight only (``mask`` (B, M)), so zero-weight padding changes nothing.
     ``rank_sum`` completes sums over points taken on one shard of a sharded geometry (the identity otherwise)."""
+
+    proposes = True  # g may differ from T(g): the loop measures the column marginal too
 
     def __init__(self, batch: int, like: torch.Tensor, mask: torch.Tensor, depth: int = DEPTH,
                  rank_sum=_identity, by_value: bool = False, restart_gap: int = 0, native: bool = False):
@@ -94,8 +99,25 @@ class Anderson:
         out.since = self.since[idx]
         return out
 
+    def too_far(self, col: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        """(B,) bool: the proposals just made (problems not ``done``) that the loop replaces by the plain step
+        T(g), restarting their history from the entry just made: those whose relative column error ``col`` (B,),
+        |pi^T 1 - b| / |b| for the plan of (f, proposal), is above both FAR and twice the best error, or NaN --
+        a jump of some 14 eps or more away from T(g). On tiny clouds with uneven weights the least squares are
+        ill-conditioned and such proposals sent g to ~1e281, where f - s rounds to 0 and the row error read 0.
+        Far smaller limits (1, 10) made some small problems cycle: proposals with a column error of a few
+        units, followed by a plain step, still make progress there. Never under ``by_value``, whose test may
+        keep a step of large error that raised the dual objective."""
+        if self.by_value:
+            return torch.zeros_like(done)
+        far = ~done & ~(col <= torch.clamp_min(2 * self.best, FAR))
+        newest = torch.zeros_like(self.valid)  # the history restarts from the entry just made, (g, T(g))
+        newest[:, (self.slot - 1) % (self.depth + 1)] = True
+        self.valid.copy_(torch.where(far[:, None], self.valid & newest, self.valid))
+        return far
+
     def step(self, g, g_hat, err, done, value=None):
-        """(B, M) next g from the current g, its image g_hat = T(g), the (B,) marginal error at g and, when
+        """(B, M) next g from the current g, its image g_hat = T(g), the (B,) row marginal error at g and, when
         ``by_value``, the (B,) float64 dual objective at g (``value``)."""
         if self.images is None:
             self.images = g.new_zeros((g.shape[0], self.depth + 1, g.shape[1]), dtype=torch.float64)

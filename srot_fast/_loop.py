@@ -8,8 +8,9 @@ stay on the device; the host only looks at them every ``check_every`` updates (s
 One update = one row pass and one column pass:
     f <- A_a(S_x(g)),     g <- A_b(S_y(f)),
 the new g accelerated by :class:`srot_fast._anderson.Anderson` (Anderson acceleration of the map
-g -> A_b(S_y(A_a(S_x(g))))). For partial OT (dummy points) each update ends with the geometry's exact
-rebalancing step.
+g -> A_b(S_y(A_a(S_x(g))))). An accelerated g is not the exact column update, so the stopping test adds the
+column marginal's error to the row one (from the column pass just run). For partial OT (dummy points) each
+update ends with the geometry's exact rebalancing step.
 """
 from __future__ import annotations
 
@@ -198,16 +199,18 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
                 tol: Optional[float], max_iter: int, init=None, accelerate: bool = True,
                 check_every: Optional[int] = None, value_tol: Optional[float] = None, stepper=None,
                 vtest: Optional[_ValueTest] = None, steps: int = 0, need_t: bool = True,
-                enter_tol: Optional[float] = None) -> Solution:
+                enter_tol: Optional[float] = None, col: Optional[torch.Tensor] = None) -> Solution:
     """Solve B problems: eps-scaling (symmetric, averaged, as GeomLoss), then accelerated
-    alternating updates at the last eps until every problem's relative marginal error is <= tol (or its
+    alternating updates at the last eps until every problem's relative marginal error (rows; plus columns
+    after an accelerated update, except for partial OT) is <= tol (or its
     value passed the ``value_tol`` test of :class:`_ValueTest`), or ``max_iter`` updates ran in all
     (eps-scaling included). ``tol=None``: GeomLoss's fixed schedule (eps-scaling, then one simultaneous
     extrapolation step). ``init=(f0, g0)`` skips eps-scaling; ``init=(f0, g0, s0)`` also gives the row
     soft-min at g0 (after the rebalancing step for partial OT), as a compacted batch goes on.
     ``need_t=False``: the solution's ``t`` may be None (the loose solves of eps-scaling use only f and g;
     this saves a pass where no update ran). ``enter_tol`` (>= tol): a problem within it at the first look
-    takes no update at all (the loose solves: an error the next eps and the final solve absorb anyway)."""
+    takes no update at all (the loose solves: an error the next eps and the final solve absorb anyway).
+    ``col``: (B,) the column error of ``init``'s (f, g), as a compacted batch goes on (None: 0)."""
     batch = log_a.shape[0]
     passes = 0
     psum = _point_sum(geom)
@@ -274,10 +277,14 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     if init is None and tol is not None:
         n_iter += extra
     t = None
+    mass_b = psum(log_b.double().exp())
+    if col is None:  # (B,) relative column error of (f, g): 0 after a plain update
+        col = torch.zeros_like(mass_a)
     it = it0 = int(n_iter.max())
     while True:  # ``steps``: updates at the target eps, carried over by _compact (the value test's windows)
         f_hat = pen_a.aprox(s, eps)
-        err = marginal_error(log_a, f, s, f_hat, eps, psum) / mass_a
+        row = marginal_error(log_a, f, s, f_hat, eps, psum) / mass_a
+        err = row + col
         read = vtest.due(steps)  # the value test and, where by_value, Anderson's safeguard use D
         value = dual_value(log_a, log_b, f_hat, g, s, pen_a, pen_b, eps, psum) if read or stepper.by_value else None
         if read:
@@ -289,11 +296,17 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
                 break
             if batch >= COMPACT_MIN and 2 * n_fin >= batch and it > it0:  # the rest as a smaller batch
                 return _compact(geom, log_a, log_b, pen_a, pen_b, eps, tol, max_iter - it, accelerate, stepper,
-                                vtest, steps, need_t, check_every, done, f, g, s, t, n_iter, err, passes,
+                                vtest, steps, need_t, check_every, done, f, g, s, t, n_iter, err, col, passes,
                                 checks.syncs)
         f = torch.where(done[:, None], f, f_hat)
         t = geom.softmin_y(log_a + f / eps, eps)
-        g = stepper.step(g, pen_b.aprox(t, eps), err, done, value)
+        g_hat = pen_b.aprox(t, eps)
+        g = stepper.step(g, g_hat, row, done, value)
+        if stepper.proposes and rebalance is None:  # an accelerated g leaves the column marginal off: measured
+            col = marginal_error(log_b, g, t, g_hat, eps, psum) / mass_b
+            far = stepper.too_far(col, done)
+            g = torch.where(far[:, None], g_hat, g)
+            col = torch.where(far, torch.zeros_like(col), col)
         s = geom.softmin_x(log_b + g / eps, eps)
         if rebalance is not None:
             f, g, s = rebalance(f, g, log_b, eps, log_a)
@@ -338,13 +351,13 @@ def loose_solve(geom, log_a, log_b, pen_a, pen_b, f, g, eps: float, target: floa
 
 
 def _compact(geom, log_a, log_b, pen_a, pen_b, eps, tol, budget, accelerate, stepper, vtest, steps, need_t,
-             check_every, done, f, g, s, t, n_iter, err, passes, syncs) -> Solution:
+             check_every, done, f, g, s, t, n_iter, err, col, passes, syncs) -> Solution:
     """Finish the problems not yet ``done`` as a batch of their own (warm-started at their potentials), so
     that finished problems stop costing kernel work; then put the results back in place."""
     idx = (~done).nonzero()[:, 0]
     sub = alternating(geom.subset(idx), log_a[idx], log_b[idx], pen_a, pen_b, [eps], tol, budget,
                       (f[idx], g[idx], s[idx]), accelerate, check_every, vtest.tol, stepper.subset(idx),
-                      vtest.subset(idx), steps, need_t)
+                      vtest.subset(idx), steps, need_t, col=col[idx])
     f, g, s, t, err, n_iter = f.clone(), g.clone(), s.clone(), t.clone(), err.clone(), n_iter.clone()
     f[idx], g[idx], s[idx], err[idx] = sub.f, sub.g, sub.s, sub.marginal_error
     if sub.t is not None:

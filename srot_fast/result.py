@@ -22,8 +22,10 @@ class SinkhornResult:
         f (N,), g (M,): dual potentials, in cost units (plan pi_ij = a_i b_j exp((f_i+g_j-c'_ij)/eps)).
         value (): the dual objective, differentiable w.r.t. x, y, a, b, u, v (envelope theorem).
         n_iter: updates spent (eps-scaling included); an int, or a (B,) int64 tensor for a batch.
-        marginal_error: L1 gap between the plan's marginals and those the penalty prescribes,
-            relative to the mass of a (for balanced OT: |pi 1 - a|_1 / |a|); a float, or (B,) for a batch.
+        marginal_error: L1 gap between the plan's row marginal and the one the penalty prescribes, relative
+            to the mass of a, plus the same gap on the columns relative to the mass of b where the last
+            update was accelerated (for balanced OT: |pi 1 - a|_1 / |a| + |pi^T 1 - b|_1 / |b|; partial OT:
+            the rows of its augmented problem); a float, or (B,) for a batch.
         converged: whether the solve met ``tol`` or ``value_tol`` (always True with ``tol=None``); a bool,
             or (B,) for a batch.
         row_mass (N,): mass transported from each source point, pi 1.
