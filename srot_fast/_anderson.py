@@ -16,6 +16,8 @@ import torch
 
 DEPTH = 5  # potentials kept in the history
 FAR = 1e6  # a proposal whose relative column error exceeds this (and twice the best error) is not taken
+STALL = 100  # updates in which the stopping error did not halve: the problem has stalled ...
+PLAIN_RUN = 60  # ... and takes this many plain steps before Anderson goes on
 RESTART_GAP = 2  # partial OT with offsets: a bad step in the RESTART_GAP + 1 updates after a restart keeps the history
 
 
@@ -85,6 +87,9 @@ class Anderson:
         self.best = like.new_full((batch,), math.inf, dtype=torch.float64)  # (B,) smallest error seen
         self.top = like.new_full((batch,), -math.inf, dtype=torch.float64)  # (B,) largest dual objective seen
         self.since = like.new_full((batch,), restart_gap + 1, dtype=torch.int64)  # (B,) updates since a restart
+        self.low = like.new_full((batch,), math.inf, dtype=torch.float64)  # (B,) stopping error at its last halving
+        self.flat = like.new_zeros((batch,), dtype=torch.int64)  # (B,) updates since then
+        self.rest = like.new_zeros((batch,), dtype=torch.int64)  # (B,) plain steps left after a stall
         # ``native`` (the loop passes it when the backend is built on the compiled CPU library): on CPU the
         # compiled step (kernels/cpu_ops.py, anderson_step), the same arithmetic in one call
         self.native = native and rank_sum is _identity and like.device.type == "cpu" and _cpu_ops().available()
@@ -96,8 +101,25 @@ class Anderson:
         if self.images is not None:
             out.images, out.resid, out.inner = self.images[idx], self.resid[idx], self.inner[idx]
         out.slot, out.valid, out.best, out.top = self.slot, self.valid[idx], self.best[idx], self.top[idx]
-        out.since = self.since[idx]
+        out.since, out.low, out.flat, out.rest = self.since[idx], self.low[idx], self.flat[idx], self.rest[idx]
         return out
+
+    def track(self, err: torch.Tensor, done: torch.Tensor) -> None:
+        """Stall watch, on the (B,) stopping error ``err`` (row + column) of the current iterate: a problem whose
+        error has not halved in STALL updates takes PLAIN_RUN plain steps (``resting``), then Anderson goes on
+        from a history of plain iterates. The safeguard of :meth:`step` reads the row error alone; on small
+        problems with uneven weights proposals could keep both errors near 1e-3 for thousands of updates where
+        plain Sinkhorn converged in a few hundred (measured: docs/DESIGN.md, Acceleration)."""
+        better = err <= 0.5 * self.low
+        self.low = torch.where(better, err.double(), self.low)
+        stalled = ~done & ~better & (self.flat + 1 >= STALL)
+        self.flat = torch.where(better | done | stalled, torch.zeros_like(self.flat), self.flat + 1)
+        self.rest = torch.where(stalled, torch.full_like(self.rest, PLAIN_RUN), (self.rest - 1).clamp_min(0))
+
+    @property
+    def resting(self) -> torch.Tensor:
+        """(B,) bool: problems that take the plain step T(g) at this update (after a stall, :meth:`track`)."""
+        return self.rest > 0
 
     def too_far(self, col: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
         """(B,) bool: the proposals just made (problems not ``done``) that the loop replaces by the plain step

@@ -9,8 +9,10 @@ One update = one row pass and one column pass:
     f <- A_a(S_x(g)),     g <- A_b(S_y(f)),
 the new g accelerated by :class:`srot_fast._anderson.Anderson` (Anderson acceleration of the map
 g -> A_b(S_y(A_a(S_x(g))))). An accelerated g is not the exact column update, so the stopping test adds the
-column marginal's error to the row one (from the column pass just run). For partial OT (dummy points) each
-update ends with the geometry's exact rebalancing step.
+column marginal's error to the row one (from the column pass just run; at the first look, before any update,
+from one extra column pass). A problem whose error stalls takes plain steps for a while (``Anderson.track``).
+For partial OT (dummy points) each update ends with the geometry's exact rebalancing step, and the stopping
+test reads the rows of its augmented problem.
 """
 from __future__ import annotations
 
@@ -201,16 +203,18 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
                 vtest: Optional[_ValueTest] = None, steps: int = 0, need_t: bool = True,
                 enter_tol: Optional[float] = None, col: Optional[torch.Tensor] = None) -> Solution:
     """Solve B problems: eps-scaling (symmetric, averaged, as GeomLoss), then accelerated
-    alternating updates at the last eps until every problem's relative marginal error (rows; plus columns
-    after an accelerated update, except for partial OT) is <= tol (or its
+    alternating updates at the last eps until every problem's relative marginal error (rows plus columns;
+    partial OT: rows) is <= tol (or its
     value passed the ``value_tol`` test of :class:`_ValueTest`), or ``max_iter`` updates ran in all
     (eps-scaling included). ``tol=None``: GeomLoss's fixed schedule (eps-scaling, then one simultaneous
     extrapolation step). ``init=(f0, g0)`` skips eps-scaling; ``init=(f0, g0, s0)`` also gives the row
     soft-min at g0 (after the rebalancing step for partial OT), as a compacted batch goes on.
-    ``need_t=False``: the solution's ``t`` may be None (the loose solves of eps-scaling use only f and g;
-    this saves a pass where no update ran). ``enter_tol`` (>= tol): a problem within it at the first look
-    takes no update at all (the loose solves: an error the next eps and the final solve absorb anyway).
-    ``col``: (B,) the column error of ``init``'s (f, g), as a compacted batch goes on (None: 0)."""
+    ``need_t=False``: the solution's ``t`` may be None and the first look reads the rows only (the loose
+    solves of eps-scaling use only f and g; this saves a pass). ``enter_tol`` (>= tol): a problem within it at
+    the first look takes no update at all (the loose solves: an error the next eps and the final solve absorb
+    anyway).
+    ``col``: (B,) the column error of ``init``'s (f, g), as a compacted batch goes on (None: measured at the
+    first look, one column pass; 0 for partial OT and where ``need_t`` is False)."""
     batch = log_a.shape[0]
     passes = 0
     psum = _point_sum(geom)
@@ -278,7 +282,12 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         n_iter += extra
     t = None
     mass_b = psum(log_b.double().exp())
-    if col is None:  # (B,) relative column error of (f, g): 0 after a plain update
+    if col is None and need_t and rebalance is None:  # the first look reads the columns of (f, g) too: one pass,
+        # which serves as the final t where the solve stops there (a start, warm or after eps-scaling, is no update)
+        t = geom.softmin_y(log_a + f / eps, eps)
+        col = marginal_error(log_b, g, t, pen_b.aprox(t, eps), eps, psum) / mass_b
+        passes += 1
+    elif col is None:  # a loose solve, partial OT: the first look reads the rows only
         col = torch.zeros_like(mass_a)
     it = it0 = int(n_iter.max())
     while True:  # ``steps``: updates at the target eps, carried over by _compact (the value test's windows)
@@ -290,6 +299,8 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         if read:
             done = done | (vtest.passed(value) & (err <= VALUE_SPAN * tol))
         done = done | (err <= (tol if enter_tol is None or it > it0 else max(tol, enter_tol)))
+        if stepper.proposes and rebalance is None:  # stall watch (Anderson.track)
+            stepper.track(err, done)
         n_fin = checks.poll(it, max_iter, done, err, tol)
         if n_fin is not None:
             if n_fin == batch or it >= max_iter:
@@ -304,9 +315,11 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         g = stepper.step(g, g_hat, row, done, value)
         if stepper.proposes and rebalance is None:  # an accelerated g leaves the column marginal off: measured
             col = marginal_error(log_b, g, t, g_hat, eps, psum) / mass_b
-            far = stepper.too_far(col, done)
+            far = stepper.too_far(col, done) | stepper.resting  # take T(g) instead
             g = torch.where(far[:, None], g_hat, g)
             col = torch.where(far, torch.zeros_like(col), col)
+        else:  # g = T(g) (or frozen): exact columns; partial OT reads its rows only
+            col = torch.where(done, col, torch.zeros_like(col))
         s = geom.softmin_x(log_b + g / eps, eps)
         if rebalance is not None:
             f, g, s = rebalance(f, g, log_b, eps, log_a)

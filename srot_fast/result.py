@@ -23,9 +23,9 @@ class SinkhornResult:
         value (): the dual objective, differentiable w.r.t. x, y, a, b, u, v (envelope theorem).
         n_iter: updates spent (eps-scaling included); an int, or a (B,) int64 tensor for a batch.
         marginal_error: L1 gap between the plan's row marginal and the one the penalty prescribes, relative
-            to the mass of a, plus the same gap on the columns relative to the mass of b where the last
-            update was accelerated (for balanced OT: |pi 1 - a|_1 / |a| + |pi^T 1 - b|_1 / |b|; partial OT:
-            the rows of its augmented problem); a float, or (B,) for a batch.
+            to the mass of a, plus the same gap on the columns relative to the mass of b (for balanced OT:
+            |pi 1 - a|_1 / |a| + |pi^T 1 - b|_1 / |b|; partial OT: the rows of its augmented problem; with
+            ``tol=None`` the rows alone); a float, or (B,) for a batch.
         converged: whether the solve met ``tol`` or ``value_tol`` (always True with ``tol=None``); a bool,
             or (B,) for a batch.
         row_mass (N,): mass transported from each source point, pi 1.

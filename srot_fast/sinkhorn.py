@@ -325,8 +325,8 @@ def sinkhorn(
         scaling: eps-scaling factor in (0, 1); eps goes from diameter**p to eps by factors scaling**p.
         diameter: the data diameter for eps-scaling (default: diagonal of the bounding box of the points
             of positive weight).
-        tol: stop when every problem's relative L1 marginal error (rows, plus columns after an accelerated
-            update; docs/DESIGN.md, Stopping rule) is <= tol. ``None``: GeomLoss's fixed
+        tol: stop when every problem's relative L1 marginal error (rows plus columns; partial OT: the rows of
+            its augmented problem; docs/DESIGN.md, Stopping rule) is <= tol. ``None``: GeomLoss's fixed
             schedule (one averaged update per eps, then one extrapolation; no stopping test), with GeomLoss's
             value formula (for probability weights it equals the dual objective at the fixed point).
         max_iter: cap on all updates, eps-scaling included (a longer eps schedule is thinned to fit).
