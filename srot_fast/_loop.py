@@ -282,6 +282,7 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         n_iter += extra
     t = None
     mass_b = psum(log_b.double().exp())
+    resumed = col is not None  # a compacted batch goes on: its first look was the last look of the batch before
     if col is None and need_t and rebalance is None:  # the first look reads the columns of (f, g) too: one pass,
         # which serves as the final t where the solve stops there (a start, warm or after eps-scaling, is no update)
         t = geom.softmin_y(log_a + f / eps, eps)
@@ -299,7 +300,7 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         if read:
             done = done | (vtest.passed(value) & (err <= VALUE_SPAN * tol))
         done = done | (err <= (tol if enter_tol is None or it > it0 else max(tol, enter_tol)))
-        if stepper.proposes and rebalance is None:  # stall watch (Anderson.track)
+        if stepper.proposes and rebalance is None and not (resumed and it == it0):  # stall watch, once per update
             stepper.track(err, done)
         n_fin = checks.poll(it, max_iter, done, err, tol)
         if n_fin is not None:

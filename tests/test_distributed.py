@@ -150,6 +150,15 @@ def _check_warm_start(rank, cuts_x, cuts_y, mode):
     _close(res.value, ref.value, f"rank {rank}, warm start, value")
     _close(res.f, ref.f[sx], f"rank {rank}, warm start, f")
     _close(res.g, ref.g[sy], f"rank {rank}, warm start, g")
+    # at a solution: no update, and the first look's error (rows and columns, summed over ranks) as one process
+    for pen in ("kl", "balanced"):
+        kw0 = dict(p=2, eps=0.02, penalty=pen, tau=1.0 if pen == "kl" else None, tol=1e-4)
+        sol = srot_fast.sinkhorn(x, y, a, b, **dict(kw0, tol=1e-9))
+        ref = srot_fast.sinkhorn(x, y, a, b, init=(sol.f, sol.g), **kw0)
+        res = sd.sinkhorn(x[sx], y[sy], a[sx], b[sy], init=(sol.f[sx], sol.g[sy]), mode=mode, **kw0)
+        assert int(ref.n_iter) == int(res.n_iter) == 0, (pen, ref.n_iter, res.n_iter)
+        assert abs(res.marginal_error - ref.marginal_error) <= 1e-10, (pen, res.marginal_error, ref.marginal_error)
+        _close(res.col_mass, ref.col_mass[sy], f"rank {rank}, warm start at a solution, {pen}, col_mass")
 
 
 def _check_losses(rank, cuts_x, cuts_y, modes, losses):
