@@ -164,7 +164,8 @@ def check_positive(value, name: str, allow_inf: bool = False) -> float:
 
 
 def check_p(p) -> int:
-    if p not in (1, 2):
+    """The exponent of the ground cost: 1 or 2 (a bool is refused, though True == 1)."""
+    if isinstance(p, bool) or p not in (1, 2):
         raise ValueError(f"p must be 1 (cost |x-y|) or 2 (cost |x-y|^2/2), got {p!r}")
     return int(p)
 

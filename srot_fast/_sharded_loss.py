@@ -76,7 +76,7 @@ class SROTLoss(_loss.SROTLoss):
             a, b = _weights(a, x, "a"), _weights(b, y, "b")
             s_x = s_y = None
             if self.strategy is not None or scores is not None:
-                s_x, s_y = self._scores(x[None], y[None], scores)
+                s_x, s_y = self._scores(x[None], y[None], scores, batched=False)
                 s_x = None if s_x is None else _checks.check_probabilities(s_x[0], "scores[0]")
                 s_y = None if s_y is None else _checks.check_probabilities(s_y[0], "scores[1]")
             resolve_backend(self._backend(x), x.shape[0], y.shape[0], x.device)  # this rank can run it

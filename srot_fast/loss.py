@@ -196,11 +196,12 @@ class SROTLoss(nn.Module):
         batched = x.dim() == 3
         if not batched:
             x, y, a, b = x[None], y[None], a[None], b[None]
-        s_x, s_y = self._scores(x, y, scores)
+        s_x, s_y = self._scores(x, y, scores, batched)
         return self._batch(a, x, b, y, s_x, s_y, batched)
 
-    def _scores(self, x, y, scores):
-        """(B, N), (B, M) P(target) per point, detached, or (None, None) without a strategy."""
+    def _scores(self, x, y, scores, batched: bool = True):
+        """(B, N), (B, M) P(target) per point, detached, or (None, None) without a strategy. ``batched=False``:
+        the call was unbatched (x, y made (1, N, D), (1, M, D)); errors name the unbatched shapes."""
         if self.strategy is None:
             if scores is not None:
                 warnings.warn("scores are ignored with strategy=None; set strategy='hard' or 'soft'",
@@ -218,21 +219,28 @@ class SROTLoss(nn.Module):
         if not (isinstance(scores, (tuple, list)) and len(scores) == 2):
             raise TypeError("scores must be a pair (s_x, s_y) of P(target) tensors")
         out = []
-        for s, pts, name in ((scores[0], x, "scores[0]"), (scores[1], y, "scores[1]")):
+        for given, pts, name in ((scores[0], x, "scores[0]"), (scores[1], y, "scores[1]")):
+            s = given
             if torch.is_tensor(s) and s.dim() == pts.dim() - 2:  # unbatched scores for an unbatched call
                 s = s[None]
             if not torch.is_tensor(s) or s.shape != pts.shape[:-1]:
-                want = tuple(pts.shape[1 if pts.shape[0] == 1 else 0:-1])
+                want = tuple(pts.shape[0 if batched else 1:-1])
                 raise ValueError(f"{name} must be a tensor of shape {want} (one P(target) per point), got "
-                                 f"{tuple(s.shape) if torch.is_tensor(s) else type(s).__name__}")
+                                 f"{tuple(given.shape) if torch.is_tensor(given) else type(given).__name__}")
             if s.device != pts.device:
                 raise ValueError(f"{name} is on {s.device} but the points are on {pts.device}; move it there")
+            if s.is_complex():
+                raise TypeError(f"{name} must be a real tensor of probabilities, got {s.dtype}")
+            d = s.detach().double()
+            if d.numel() and (not torch.isfinite(d).all() or (d < 0).any() or (d > 1).any()):
+                raise ValueError(f"{name} must hold probabilities in [0, 1] (P(target) per point), got values "
+                                 f"in [{float(d.min())}, {float(d.max())}]")
             if s.requires_grad and not self._warned_grad_scores:
                 warnings.warn("SROTLoss detaches the outlier scores: no gradient flows to the detector through "
                               "the loss (the SROT weights and offsets are constants of the OT problem)",
                               UserWarning, stacklevel=3)
                 self._warned_grad_scores = True
-            out.append(s.detach().double())
+            out.append(d)
         return out[0], out[1]
 
     def _gamma(self, x, y, a, b) -> torch.Tensor:
