@@ -68,7 +68,9 @@ class Anderson:
     no progress for thousands of updates there (on KL / TV the gap cost updates, on balanced OT it made the
     loss's early stops on its value test later; docs/DESIGN.md). Residuals
     count on points of positive weight only (``mask`` (B, M)), so zero-weight padding changes nothing.
-    ``rank_sum`` completes sums over points taken on one shard of a sharded geometry (the identity otherwise)."""
+    Stall watch (:meth:`track`, :attr:`resting`): a problem whose stopping error has not halved in STALL updates
+    takes PLAIN_RUN plain steps. ``rank_sum`` completes sums over points taken on one shard of a sharded
+    geometry (the identity otherwise)."""
 
     proposes = True  # g may differ from T(g): the loop measures the column marginal too
 
@@ -107,9 +109,9 @@ class Anderson:
     def track(self, err: torch.Tensor, done: torch.Tensor) -> None:
         """Stall watch, on the (B,) stopping error ``err`` (row + column) of the current iterate: a problem whose
         error has not halved in STALL updates takes PLAIN_RUN plain steps (``resting``), then Anderson goes on
-        from a history of plain iterates. The safeguard of :meth:`step` reads the row error alone; on small
-        problems with uneven weights proposals could keep both errors near 1e-3 for thousands of updates where
-        plain Sinkhorn converged in a few hundred (measured: docs/DESIGN.md, Acceleration)."""
+        from a history of plain iterates. It catches what the safeguard of :meth:`step`, which reads the row error
+        alone, lets through: proposals that keep both errors flat (small problems with uneven weights; figures in
+        docs/DESIGN.md, Acceleration). Called once per update, on problems that are not partial OT."""
         better = err <= 0.5 * self.low
         self.low = torch.where(better, err.double(), self.low)
         stalled = ~done & ~better & (self.flat + 1 >= STALL)
@@ -125,11 +127,11 @@ class Anderson:
         """(B,) bool: the proposals just made (problems not ``done``) that the loop replaces by the plain step
         T(g), restarting their history from the entry just made: those whose relative column error ``col`` (B,),
         |pi^T 1 - b| / |b| for the plan of (f, proposal), is above both FAR and twice the best error, or NaN --
-        a jump of some 14 eps or more away from T(g). On tiny clouds with uneven weights the least squares are
-        ill-conditioned and such proposals sent g to ~1e281, where f - s rounds to 0 and the row error read 0.
-        Far smaller limits (1, 10) made some small problems cycle: proposals with a column error of a few
-        units, followed by a plain step, still make progress there. Never under ``by_value``, whose test may
-        keep a step of large error that raised the dual objective."""
+        a jump of some 14 eps or more away from T(g). Such proposals come from ill-conditioned least squares (tiny
+        clouds with uneven weights) and can run g to overflow, where the row error reads 0; a proposal with a
+        column error of a few units is kept, since one plain step after it still makes progress (why FAR is not
+        smaller: docs/DESIGN.md, Acceleration). Never under ``by_value``, whose test may keep a step of large
+        error that raised the dual objective."""
         if self.by_value:
             return torch.zeros_like(done)
         far = ~done & ~(col <= torch.clamp_min(2 * self.best, FAR))
