@@ -68,9 +68,9 @@ class Anderson:
     no progress for thousands of updates there (on KL / TV the gap cost updates, on balanced OT it made the
     loss's early stops on its value test later; docs/DESIGN.md). Residuals
     count on points of positive weight only (``mask`` (B, M)), so zero-weight padding changes nothing.
-    Stall watch (:meth:`track`, :attr:`resting`): a problem whose stopping error has not halved in STALL updates
-    takes PLAIN_RUN plain steps. ``rank_sum`` completes sums over points taken on one shard of a sharded
-    geometry (the identity otherwise)."""
+    Stall watch (:meth:`track`, :attr:`resting`; not under ``by_value``): a problem whose stopping error has not
+    halved in STALL updates takes PLAIN_RUN plain steps. ``rank_sum`` completes sums over points taken on one
+    shard of a sharded geometry (the identity otherwise)."""
 
     proposes = True  # g may differ from T(g): the loop measures the column marginal too
 
@@ -111,7 +111,11 @@ class Anderson:
         error has not halved in STALL updates takes PLAIN_RUN plain steps (``resting``), then Anderson goes on
         from a history of plain iterates. It catches what the safeguard of :meth:`step`, which reads the row error
         alone, lets through: proposals that keep both errors flat (small problems with uneven weights; figures in
-        docs/DESIGN.md, Acceleration). Called once per update, on problems that are not partial OT."""
+        docs/DESIGN.md, Acceleration). Called once per update, on problems that are not partial OT. Not under
+        ``by_value``: there a step whose error stays flat is kept while it raises the dual objective, and plain
+        steps in the middle of such a run cost updates (TV on small problems with uneven weights)."""
+        if self.by_value:
+            return
         better = err <= 0.5 * self.low
         self.low = torch.where(better, err.double(), self.low)
         stalled = ~done & ~better & (self.flat + 1 >= STALL)

@@ -814,7 +814,8 @@ def test_accelerated_solves_of_tiny_uneven_problems_are_not_garbage():
 
 def test_stall_watch_rests_a_problem_on_plain_steps():
     """Anderson.track: a problem whose stopping error has not halved in STALL updates takes PLAIN_RUN plain steps
-    (``resting``), then goes on accelerated; one whose error keeps halving, or that is done, never rests."""
+    (``resting``), then goes on accelerated; one whose error keeps halving, or that is done, never rests, and
+    neither does any problem of a stepper that judges steps by the dual objective (``by_value``)."""
     from srot_fast._anderson import PLAIN_RUN, STALL, Anderson
 
     acc = Anderson(3, torch.zeros(3, 4, dtype=F64), torch.ones(3, 4, dtype=torch.bool))
@@ -826,6 +827,11 @@ def test_stall_watch_rests_a_problem_on_plain_steps():
         rested.append(acc.resting.tolist())
     assert [r[0] for r in rested] == [False] * STALL + [True] * PLAIN_RUN + [False] * 5  # the first look sets low
     assert not any(r[1] or r[2] for r in rested)
+
+    by_value = Anderson(1, torch.zeros(1, 4, dtype=F64), torch.ones(1, 4, dtype=torch.bool), by_value=True)
+    for _ in range(2 * STALL):  # unbalanced OT: a flat error may come with a rising dual objective, no rest
+        by_value.track(torch.tensor([1e-3], dtype=F64), torch.tensor([False]))
+        assert not bool(by_value.resting.any())
 
 
 def _uneven(n: int, m: int, seed: int):
