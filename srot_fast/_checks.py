@@ -230,14 +230,17 @@ def check_fraction(value, name: str, closed: bool = False) -> float:
     return value
 
 
-def check_probabilities(s, name: str) -> torch.Tensor:
-    """A 1-D tensor of probabilities in [0, 1] (a detector's P(target) per point)."""
+def check_probabilities(s, name: str, one_dim: bool = True) -> torch.Tensor:
+    """A tensor of probabilities in [0, 1] (a detector's P(target) per point), 1-D unless ``one_dim`` is False."""
     if not torch.is_tensor(s):
         raise TypeError(f"{name} must be a torch.Tensor of probabilities, got {type(s).__name__}")
-    if s.dim() != 1:
+    if one_dim and s.dim() != 1:
         raise ValueError(f"{name} must be 1-D (one probability per point), got shape {tuple(s.shape)}")
-    if not torch.isfinite(s).all() or (s < 0).any() or (s > 1).any():
-        raise ValueError(f"{name} must hold probabilities in [0, 1] (P(target) per point)")
+    if s.is_complex():
+        raise TypeError(f"{name} must be a real tensor of probabilities, got {s.dtype}")
+    if s.numel() and (not torch.isfinite(s).all() or (s < 0).any() or (s > 1).any()):
+        raise ValueError(f"{name} must hold probabilities in [0, 1] (P(target) per point), got values in "
+                         f"[{float(s.min())}, {float(s.max())}]")
     return s
 
 

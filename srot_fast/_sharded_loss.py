@@ -77,8 +77,8 @@ class SROTLoss(_loss.SROTLoss):
             s_x = s_y = None
             if self.strategy is not None or scores is not None:
                 s_x, s_y = self._scores(x[None], y[None], scores, batched=False)
-                s_x = None if s_x is None else _checks.check_probabilities(s_x[0], "scores[0]")
-                s_y = None if s_y is None else _checks.check_probabilities(s_y[0], "scores[1]")
+                s_x = None if s_x is None else s_x[0]  # checked by _scores
+                s_y = None if s_y is None else s_y[0]
             resolve_backend(self._backend(x), x.shape[0], y.shape[0], x.device)  # this rank can run it
             key = dict(self._key(), dtype=str(x.dtype), dim=x.shape[-1], scores=scores is not None,
                        **{"given (a, b)": [a is not None, b is not None],

@@ -229,12 +229,7 @@ class SROTLoss(nn.Module):
                                  f"{tuple(given.shape) if torch.is_tensor(given) else type(given).__name__}")
             if s.device != pts.device:
                 raise ValueError(f"{name} is on {s.device} but the points are on {pts.device}; move it there")
-            if s.is_complex():
-                raise TypeError(f"{name} must be a real tensor of probabilities, got {s.dtype}")
-            d = s.detach().double()
-            if d.numel() and (not torch.isfinite(d).all() or (d < 0).any() or (d > 1).any()):
-                raise ValueError(f"{name} must hold probabilities in [0, 1] (P(target) per point), got values "
-                                 f"in [{float(d.min())}, {float(d.max())}]")
+            d = _checks.check_probabilities(s.detach(), name, one_dim=False).double()
             if s.requires_grad and not self._warned_grad_scores:
                 warnings.warn("SROTLoss detaches the outlier scores: no gradient flows to the detector through "
                               "the loss (the SROT weights and offsets are constants of the OT problem)",
