@@ -51,7 +51,8 @@ class SROTLoss(nn.Module):
         diameter, scaling: eps-scaling from diameter**p down to eps by factors scaling**p.
         truncate, cost, kernel, cluster_scale: GeomLoss's; only their defaults are accepted.
         debias: subtract the self-transport terms (Sinkhorn divergence, Séjourné et al.); on by default as in
-            GeomLoss. The paper's losses are not debiased (debias=False).
+            GeomLoss. The paper's losses are not debiased (debias=False). With a pair of reaches the
+            self-transport terms keep the pair, so that the loss of a measure to itself is 0.
         potentials: return (f, g) instead of the value (minus the self-transport potentials when debiased).
             They are returned detached: the solver's gradients come from the envelope theorem on the value,
             not from back-propagation through the iterations, so the potentials carry no graph.
@@ -254,6 +255,12 @@ class SROTLoss(nn.Module):
             return self.backend
         return "cpu" if x.device.type == "cpu" else "auto"
 
+    def _symmetric(self) -> bool:
+        """Whether the debiasing terms OT(a, a), OT(b, b) are symmetric problems (one penalty on both
+        marginals), solved by the symmetric loop; with reach = (ra, rb), ra != rb, they keep the pair of
+        penalties of OT(a, b) and take the alternating loop, so that the loss of a measure to itself is 0."""
+        return self.tau is None or self.tau[0] == self.tau[1]
+
     def _solve(self, x, y, a, b, u, v, diam, init=None, self_transport=False):
         return _solve(x, y, a, b, p=self.p, eps=self.eps, penalty=self.penalty, tau=self.tau, mass=self.mass,
                       u=u, v=v, scaling=self.scaling, diameter=diam, tol=self.tol, max_iter=self.max_iter,
@@ -300,8 +307,8 @@ class SROTLoss(nn.Module):
                   f"{res.passes} passes, {res.syncs} syncs")
         if not self.debias:
             return (res.f.detach(), res.g.detach()) if self.potentials else res.value
-        rxx = self._solve(x, x, a, a, u, u, diam, self_transport=True)
-        ryy = self._solve(y, y, b, b, v, v, diam, self_transport=True)
+        rxx = self._solve(x, x, a, a, u, u, diam, self_transport=self._symmetric())
+        ryy = self._solve(y, y, b, b, v, v, diam, self_transport=self._symmetric())
         if self.potentials:
             return (res.f - rxx.f).detach(), (res.g - ryy.g).detach()
         value = res.value - 0.5 * (rxx.value + ryy.value)

@@ -102,6 +102,7 @@ LOSSES = [  # keyword arguments of SROTLoss (scores passed to the call)
     dict(p=2, blur=0.2, strategy="hard"),  # balanced, debiased
     dict(p=1, blur=0.1, reach=0.5, debias=False, strategy="soft"),
     dict(p=2, blur=0.2, reach=1.0, penalty="tv", strategy="soft"),  # debiased
+    dict(p=1, blur=0.2, reach=(0.7, 1.5), strategy="soft"),  # debiased, a pair of reaches
     dict(p=1, blur=0.1, mass=0.7, debias=False, strategy="soft"),
     # SamplesLoss() defaults but blur, solved to convergence (Anderson's small least-squares solves amplify the
     # rounding differences between sharded and single-process sums: stopped early, the iterates differ by ~1e-9)

@@ -39,6 +39,7 @@ CONFIGS = {
     "partial": dict(mass=0.6),
     "balanced_debias": dict(debias=True),
     "kl_debias": dict(reach=0.7, debias=True),
+    "kl_pair_debias": dict(reach=(0.5, 1.5), debias=True),
 }
 
 

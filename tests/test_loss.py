@@ -111,7 +111,7 @@ def test_symmetry(p, reach, debias):
     assert float(loss(a, x, b, y)) == pytest.approx(float(loss(b, y, a, x)), abs=1e-10)
 
 
-@pytest.mark.parametrize("reach", [None, 0.8])
+@pytest.mark.parametrize("reach", [None, 0.8, (0.5, 1.2)])
 @pytest.mark.parametrize("p", [1, 2])
 def test_debiased_self_divergence_is_zero(reach, p):
     """S(alpha, alpha) = 0 (also for a non-probability alpha under KL), while OT_eps(alpha, alpha) > 0."""
