@@ -138,8 +138,9 @@ class SROTLoss(_loss.SROTLoss):
                   f"marginal error {res.marginal_error:.2e}, {res.passes} passes, {res.syncs} syncs")
         if not self.debias:
             return (res.f.detach(), res.g.detach()) if self.potentials else res.value
-        rxx = self._run(comm, x, x, a, a, u, u, ns, ns, diam, mode, None, self_transport=self._symmetric())
-        ryy = self._run(comm, y, y, b, b, v, v, ms, ms, diam, mode, None, self_transport=self._symmetric())
+        sym = self._symmetric()
+        rxx = self._run(comm, x, x, a, a, u, u, ns, ns, diam, mode, None, self_transport=sym)
+        ryy = self._run(comm, y, y, b, b, v, v, ms, ms, diam, mode, None, self_transport=sym)
         if self.potentials:
             return (res.f - rxx.f).detach(), (res.g - ryy.g).detach()
         value = res.value - 0.5 * (rxx.value + ryy.value)

@@ -172,7 +172,7 @@ def _solve(comm: Comm, x, y, a, b, u, v, ns: list, ms: list, *, p, eps, pen_a, p
     shards (a, b may be None: uniform); ``ns``, ``ms`` every rank's shard sizes. Errors raised here are the
     same on every rank (they depend on all-reduced quantities only)."""
     n, m = sum(ns), sum(ms)
-    if self_transport and (pen_a.kind, pen_a.tau) != (pen_b.kind, pen_b.tau):
+    if self_transport and pen_a != pen_b:
         raise ValueError(f"self-transport needs one penalty on both marginals, got {pen_a} and {pen_b}")
     if n == 0 or m == 0:
         raise ValueError(f"{'x' if n == 0 else 'y'} has no point on any rank")

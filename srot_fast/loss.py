@@ -307,8 +307,9 @@ class SROTLoss(nn.Module):
                   f"{res.passes} passes, {res.syncs} syncs")
         if not self.debias:
             return (res.f.detach(), res.g.detach()) if self.potentials else res.value
-        rxx = self._solve(x, x, a, a, u, u, diam, self_transport=self._symmetric())
-        ryy = self._solve(y, y, b, b, v, v, diam, self_transport=self._symmetric())
+        sym = self._symmetric()
+        rxx = self._solve(x, x, a, a, u, u, diam, self_transport=sym)
+        ryy = self._solve(y, y, b, b, v, v, diam, self_transport=sym)
         if self.potentials:
             return (res.f - rxx.f).detach(), (res.g - ryy.g).detach()
         value = res.value - 0.5 * (rxx.value + ryy.value)

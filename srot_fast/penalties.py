@@ -44,5 +44,11 @@ class Penalty:
             return f.clamp_max(self.tau)
         return f
 
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Penalty) and (self.kind, self.tau) == (other.kind, other.tau)
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.tau))
+
     def __repr__(self) -> str:
         return f"Penalty({self.kind!r}, tau={self.tau})"

@@ -130,7 +130,7 @@ def _check_inputs(x, y, a, b, u, v, *, p, eps, backend, precision, autotune, sca
     max_iter = _checks.non_negative_int(max_iter, "max_iter")
     check_every = _checks.positive_int(check_every, "check_every", allow_none=True)
     pen_a, pen_b = _penalties(penalty, tau)
-    if self_transport and (pen_a.kind, pen_a.tau) != (pen_b.kind, pen_b.tau):
+    if self_transport and pen_a != pen_b:
         raise ValueError(f"self-transport needs one penalty on both marginals, got {pen_a} and {pen_b}")
     if mass is not None:
         if penalty != "balanced":
