@@ -132,5 +132,7 @@ def test_flow_images_claims(flow_images):
 @pytest.mark.parametrize("argv", [["flow2d", "--n", "5"], ["flow2d", "--lr", "-1"],
                                   ["flow-images", "--size", "2"], ["flow-images", "--tol", "2"]])
 def test_bad_options(argv, tmp_path, capsys):
-    assert cli.main([*argv, "--quick", "--out", str(tmp_path), "--no-progress"]) == 2
+    with pytest.raises(SystemExit) as exit_info:   # out of the option's range: argparse's usage error
+        cli.main([*argv, "--quick", "--out", str(tmp_path), "--no-progress"])
+    assert exit_info.value.code == 2
     assert argv[1] in capsys.readouterr().err

@@ -42,7 +42,9 @@ def test_label_prop_quick(run_quick, seed):
 
 
 def test_label_prop_bad_option(tmp_path, capsys):
-    assert main(["label-prop", "--quick", "--n-per-class", "500", "--out", str(tmp_path), "--no-progress"]) == 2
+    with pytest.raises(SystemExit) as exit_info:   # out of the option's range: argparse's usage error
+        main(["label-prop", "--quick", "--n-per-class", "500", "--out", str(tmp_path), "--no-progress"])
+    assert exit_info.value.code == 2
     assert "--n-per-class" in capsys.readouterr().err
 
 

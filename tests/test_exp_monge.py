@@ -43,7 +43,9 @@ def test_monge_quick(run_quick, seed):
 
 
 def test_monge_bad_option(tmp_path, capsys):
-    assert main(["monge", "--quick", "--outlier-rate", "1.5", "--out", str(tmp_path), "--no-progress"]) == 2
+    with pytest.raises(SystemExit) as exit_info:   # out of the option's range: argparse's usage error
+        main(["monge", "--quick", "--outlier-rate", "1.5", "--out", str(tmp_path), "--no-progress"])
+    assert exit_info.value.code == 2
     assert "--outlier-rate" in capsys.readouterr().err
 
 

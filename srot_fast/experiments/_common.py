@@ -29,17 +29,58 @@ def require(module: str):
         raise ImportError(f"srot-fast experiments need {module!r}: {EXTRAS_HINT}") from err
 
 
+# argparse ``type=`` helpers: a value out of range is a usage error naming the option and the range, exit code 2
+def _option_type(convert, ok, expected: str):
+    """``convert(text)`` when it is ``ok``, else argparse's "argument --opt: must be <expected>, got <text>"."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {expected}, got {text}")
+        return value
+
+    return parse
+
+
+def int_at_least(lo: int):
+    """Integers >= ``lo``."""
+    expected = {0: "a non-negative integer", 1: "a positive integer"}.get(lo, f"an integer >= {lo}")
+    return _option_type(int, lambda v: v >= lo, expected)
+
+
+def int_in(lo: int, hi: int):
+    """Integers in [lo, hi]."""
+    return _option_type(int, lambda v: lo <= v <= hi, f"an integer in [{lo}, {hi}]")
+
+
+def fraction(hi: float = 1.0, *, zero: bool = False):
+    """Numbers in (0, hi), or [0, hi) with ``zero``."""
+    return _option_type(float, lambda v: (v >= 0 if zero else v > 0) and v < hi,
+                        f"a number in {'[' if zero else '('}0, {hi:g})")
+
+
+positive_int = int_at_least(1)
+non_negative_int = int_at_least(0)
+positive_float = _option_type(float, lambda v: 0 < v < math.inf, "a positive number")
+non_negative_float = _option_type(float, lambda v: 0 <= v < math.inf, "a non-negative number")
+# seeds: the detector takes no negative seed, and 32 bits keep the seeds the experiments derive (gan: seed * 1000
+# + k) inside torch's 64-bit generator seeds
+uint32 = int_in(0, 2**32 - 1)
+
+
 def add_common(p: argparse.ArgumentParser, default_out: str, default_device: Optional[str] = None) -> None:
     """The options every experiment takes. ``default_device``: the ``--device`` default (``None``: cuda when
     available, else cpu)."""
     device_default = ("cuda when available, else cpu" if default_device is None else default_device)
     p.add_argument("--out", default=default_out, help=f"output folder for figures and metrics (default: {default_out})")
     p.add_argument("--quick", action="store_true", help="small, fast version (for tests and smoke checks)")
-    p.add_argument("--seed", type=int, default=0, help="data, model and detector seed (default: 0)")
+    p.add_argument("--seed", type=uint32, default=0, help="data, model and detector seed (default: 0)")
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="Sinkhorn backend (default: auto)")
     p.add_argument("--device", default=default_device,
                    help=f"torch device, e.g. cpu or cuda (default: {device_default})")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=non_negative_int, default=1,
                    help="torch CPU threads during the run (default: 1; 0 keeps torch's setting)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
 

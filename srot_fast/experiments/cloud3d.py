@@ -43,20 +43,15 @@ PLOT_POINTS = 3000
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--n", type=int, default=None,
+    p.add_argument("--n", type=_common.int_at_least(20), default=None,
                    help=f"points per cloud (default {DEFAULT_N}: block-sparse on CPU; --quick {QUICK_N})")
-    p.add_argument("--detector-points", type=int, default=DETECTOR_POINTS,
+    p.add_argument("--detector-points", type=_common.int_at_least(10), default=DETECTOR_POINTS,
                    help=f"the VAT detector trains on random subsamples of at most this many points per cloud "
                         f"(default {DETECTOR_POINTS}) and scores every point")
 
 
 def _settings(args) -> dict:
-    n = args.n if args.n is not None else (QUICK_N if args.quick else DEFAULT_N)
-    if n < 20:
-        raise _common.CliError(f"--n must be >= 20, got {n}")
-    if args.detector_points < 10:
-        raise _common.CliError(f"--detector-points must be >= 10, got {args.detector_points}")
-    return {"n": n}
+    return {"n": args.n if args.n is not None else (QUICK_N if args.quick else DEFAULT_N)}
 
 
 # metrics.json's "detection" uses flow2d's keys: alpha = the source x, beta0 = the target y

@@ -31,7 +31,6 @@ C - f - g of the flow's potentials is small along whole transport rays), so a pa
 """
 from __future__ import annotations
 
-import math
 from typing import Callable, Optional
 
 import torch
@@ -61,25 +60,25 @@ REACH = 3.0               # UOT (KL), tau = reach**p = 3 ~ the initial gap W1(al
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--n", type=int, default=None,
+    p.add_argument("--n", type=_common.int_at_least(20), default=None,
                    help=f"points per measure (default {DEFAULT_N}; --quick {QUICK_N}); linear memory, e.g. "
                         "--n 100000 on a GPU")
-    p.add_argument("--steps", type=int, default=None, help=f"flow steps (default {DEFAULT_STEPS}; --quick "
-                                                            f"{QUICK_STEPS})")
-    p.add_argument("--lr", type=float, default=None,
+    p.add_argument("--steps", type=_common.positive_int, default=None,
+                   help=f"flow steps (default {DEFAULT_STEPS}; --quick {QUICK_STEPS})")
+    p.add_argument("--lr", type=_common.positive_float, default=None,
                    help=f"learning rate (default {DEFAULT_LR}; --quick {DEFAULT_LR} * {DEFAULT_STEPS} / "
                         f"{QUICK_STEPS}, the same total flow time)")
-    p.add_argument("--every", type=int, default=None,
+    p.add_argument("--every", type=_common.positive_int, default=None,
                    help=f"evaluate W1(alpha_c, beta_t) every this many steps (default {DEFAULT_EVERY}; --quick "
                         f"{QUICK_EVERY})")
-    p.add_argument("--w1-points", type=int, default=1000,
+    p.add_argument("--w1-points", type=_common.int_at_least(10), default=1000,
                    help="W1 is exact (ot.emd2) on fixed random subsamples of at most this many points per "
                         "measure (default 1000: the whole measures at n=1000)")
     p.add_argument("--no-ce", dest="ce", action="store_false", help="skip the SROT-CE hard flow")
     p.add_argument("--methods", default=None,
                    help="comma-separated subset of the flows to run, from " + ", ".join(METHOD_KEYS)
                         + " (default: all; the claims that compare flows need both of them)")
-    p.add_argument("--detector-points", type=int, default=DETECTOR_POINTS,
+    p.add_argument("--detector-points", type=_common.int_at_least(10), default=DETECTOR_POINTS,
                    help=f"the detectors train on random subsamples of at most this many points of alpha and of "
                         f"beta_0 (default {DETECTOR_POINTS}: all points at the default n) and score every point")
 
@@ -289,18 +288,6 @@ def _settings(args) -> dict:
     steps = args.steps if args.steps is not None else (QUICK_STEPS if quick else DEFAULT_STEPS)
     lr = args.lr if args.lr is not None else (DEFAULT_LR * DEFAULT_STEPS / steps if quick else DEFAULT_LR)
     every = args.every if args.every is not None else (QUICK_EVERY if quick else DEFAULT_EVERY)
-    if n < 20:
-        raise _common.CliError(f"--n must be >= 20, got {n}")
-    if steps < 1:
-        raise _common.CliError(f"--steps must be >= 1, got {steps}")
-    if not (lr > 0 and math.isfinite(lr)):
-        raise _common.CliError(f"--lr must be a positive number, got {lr}")
-    if every < 1:
-        raise _common.CliError(f"--every must be >= 1, got {every}")
-    if args.w1_points < 10:
-        raise _common.CliError(f"--w1-points must be >= 10, got {args.w1_points}")
-    if args.detector_points < 10:
-        raise _common.CliError(f"--detector-points must be >= 10, got {args.detector_points}")
     return {"n": n, "steps": steps, "lr": lr, "every": every, "methods": _methods(args)}
 
 

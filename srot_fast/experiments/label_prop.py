@@ -42,20 +42,22 @@ OUTLIERS = ("auto", "fashion", "noise")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from . import _common
+
     p.add_argument("--outliers", default="auto", choices=OUTLIERS,
                    help="type-I outliers of the source: fashion (Fashion-MNIST class 2, Debian package "
                         "dataset-fashion-mnist), noise (uniform noise images, always available), auto (fashion "
                         "when installed, else noise; default)")
-    p.add_argument("--n-per-class", type=int, default=None,
-                   help="clean images per class (0/1) on each side (default 140; quick 60); target outliers: "
-                        "n/4 per class, source outliers: n/2")
-    p.add_argument("--size", type=int, default=16, help="image side (default 16, as USPS)")
+    p.add_argument("--n-per-class", type=_common.int_in(4, 142), default=None,
+                   help="clean images per class (0/1) on each side, 4 to 142 (scikit-learn has 178 zeros; "
+                        "default 140; quick 60); target outliers: n/4 per class, source outliers: n/2")
+    p.add_argument("--size", type=_common.int_at_least(4), default=16, help="image side (default 16, as USPS)")
     p.add_argument("--solver", default="exact", choices=("exact", "sinkhorn"),
                    help="partial OT / SROT plans: exact (POT, as the paper; default) or sinkhorn (entropic, online)")
-    p.add_argument("--blur", type=float, default=0.05,
+    p.add_argument("--blur", type=_common.positive_float, default=0.05,
                    help="--solver sinkhorn: blur in units of the median pairwise distance (default 0.05)")
-    p.add_argument("--epochs", type=int, default=None, help="detector epochs (default 40; quick 25)")
-    p.add_argument("--omega", type=float, default=1e-2,
+    p.add_argument("--epochs", type=_common.positive_int, default=None, help="detector epochs (default 40; quick 25)")
+    p.add_argument("--omega", type=_common.positive_float, default=1e-2,
                    help="weight of the CE term of the VAT detector (default 1e-2, see docs/DETECTOR.md)")
 
 
@@ -143,15 +145,9 @@ def _interp(x, xs, ys):
 
 # ----------------------------------------------------------------------------------------------------- steps
 def _settings(args) -> dict:
-    """The run's sizes and options (``--quick`` defaults filled in); CliError on a bad value."""
-    from . import _common
-
+    """The run's sizes and options (``--quick`` defaults filled in)."""
     quick = bool(args.quick)
     n = args.n_per_class if args.n_per_class is not None else (60 if quick else 140)
-    if not 4 <= n <= 142:
-        raise _common.CliError(f"--n-per-class must be in [4, 142] (scikit-learn has 178 zeros), got {n}")
-    if args.size < 4:
-        raise _common.CliError("--size must be >= 4")
     return {"quick": quick, "seed": int(args.seed), "n": n,
             "epochs": args.epochs if args.epochs is not None else (25 if quick else 40),
             "masses": MASSES_QUICK if quick else MASSES,

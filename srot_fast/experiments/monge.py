@@ -44,18 +44,25 @@ MAX_ITER_PARTIAL = 300        # entropic partial OT has a slow tail: capped, mar
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--n-clean", type=int, default=None, help="clean MNIST-M-like source images (default 1700; "
-                   "quick 255)")
-    p.add_argument("--outlier-rate", type=float, default=0.15, help="share of MNIST outliers in alpha (default 0.15)")
-    p.add_argument("--n-target", type=int, default=None, help="MNIST target images (default: = --n-clean)")
-    p.add_argument("--size", type=int, default=12, help="image side (default 12; the paper uses 28)")
-    p.add_argument("--blur", type=float, default=None,
+    from . import _common
+
+    p.add_argument("--n-clean", type=_common.int_at_least(10), default=None,
+                   help="clean MNIST-M-like source images (default 1700; quick 255)")
+    p.add_argument("--outlier-rate", type=_common.fraction(zero=True), default=0.15,
+                   help="share of MNIST outliers in alpha (default 0.15)")
+    p.add_argument("--n-target", type=_common.int_at_least(10), default=None,
+                   help="MNIST target images (default: = --n-clean)")
+    p.add_argument("--size", type=_common.int_at_least(4), default=12,
+                   help="image side (default 12; the paper uses 28)")
+    p.add_argument("--blur", type=_common.positive_float, default=None,
                    help="entropic blur in units of the median pairwise distance; eps = (blur * median)^2 / 2 "
                         "(default 0.15)")
-    p.add_argument("--map-steps", type=int, default=None, help="Adam steps of the MLP map (default 600; quick 100)")
-    p.add_argument("--map-hidden", type=int, default=256, help="hidden width of the MLP map (default 256)")
-    p.add_argument("--epochs", type=int, default=None, help="detector epochs (default 20; quick 8)")
-    p.add_argument("--omega", type=float, default=None,
+    p.add_argument("--map-steps", type=_common.positive_int, default=None,
+                   help="Adam steps of the MLP map (default 600; quick 100)")
+    p.add_argument("--map-hidden", type=_common.positive_int, default=256,
+                   help="hidden width of the MLP map (default 256)")
+    p.add_argument("--epochs", type=_common.positive_int, default=None, help="detector epochs (default 20; quick 8)")
+    p.add_argument("--omega", type=_common.positive_float, default=None,
                    help="weight of the CE term of the VAT detector (default: OutlierDetector's, 3e-2 on images; "
                         "see docs/DETECTOR.md)")
 
@@ -117,25 +124,17 @@ def _plan(method, zb, xa, w_beta, w_alpha, eps, backend, offsets):
 
 
 def _settings(args) -> dict:
-    """The run's sizes and options (``--quick`` defaults filled in); CliError on a bad value."""
+    """The run's sizes and options (``--quick`` defaults filled in); CliError when the images do not suffice."""
     from . import _common
 
     quick = bool(args.quick)
     n_clean = args.n_clean if args.n_clean is not None else (255 if quick else 1700)
-    if not 0.0 <= args.outlier_rate < 1.0:
-        raise _common.CliError(f"--outlier-rate must be in [0, 1), got {args.outlier_rate}")
     n_out = int(round(args.outlier_rate * n_clean / (1 - args.outlier_rate)))
     n_target = args.n_target if args.n_target is not None else n_clean
-    if n_clean < 10 or n_target < 10:
-        raise _common.CliError("--n-clean and --n-target must be >= 10")
     if n_clean + n_out + n_target > 5000:
         raise _common.CliError(f"--n-clean/--n-target: {n_clean} + {n_out} outliers + {n_target} exceeds the 5000 "
                                "MNIST images of the bundled subset")
-    if args.size < 4:
-        raise _common.CliError("--size must be >= 4")
     blur = 0.15 if args.blur is None else float(args.blur)
-    if not blur > 0:
-        raise _common.CliError("--blur must be > 0")
     return {"quick": quick, "seed": int(args.seed), "n_clean": n_clean, "n_out": n_out, "n_target": n_target,
             "size": args.size, "blur": blur, "map_steps": args.map_steps if args.map_steps is not None else
             (100 if quick else 600), "epochs": args.epochs if args.epochs is not None else (8 if quick else 20),

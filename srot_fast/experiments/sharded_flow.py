@@ -18,8 +18,9 @@ import torch.multiprocessing as mp
 
 from .._sharded import MODES
 from ..distributed import SROTLoss
+from . import _common
 
-__all__ = ["flow", "main"]
+__all__ = ["build_parser", "flow", "main"]
 
 
 def flow(rank: int, world: int, args) -> list:
@@ -67,23 +68,29 @@ def _spawned(rank: int, world: int, port: int, args) -> None:
         dist.destroy_process_group()
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The options of :func:`main`."""
+    ap = argparse.ArgumentParser(prog="python -m srot_fast.distributed", description=main.__doc__)
+    ap.add_argument("--nproc", type=_common.positive_int, default=2, help="gloo ranks to spawn when not under torchrun")
+    ap.add_argument("--threads", type=_common.positive_int, default=1, help="torch threads per spawned rank")
+    ap.add_argument("--points", type=_common.positive_int, default=4000, help="points per cloud, over all ranks")
+    ap.add_argument("--steps", type=_common.non_negative_int, default=20, help="flow steps (0: the loss only)")
+    ap.add_argument("--lr", type=_common.positive_float, default=0.5)
+    ap.add_argument("--blur", type=_common.positive_float, default=0.1)
+    ap.add_argument("--reach", type=_common.non_negative_float, default=1.0,
+                    help="reach of the unbalanced (KL) loss; 0: balanced OT")
+    ap.add_argument("--mode", default="auto", choices=MODES)
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--seed", type=_common.uint32, default=0)
+    return ap
+
+
 def main(argv=None) -> None:
     """``python -m srot_fast.distributed`` (or ``python -m srot_fast.experiments.sharded_flow``): a sharded 2-D
     gradient flow. Under ``torchrun`` it joins the job's
     process group (NCCL when CUDA is available, else gloo); otherwise it spawns ``--nproc`` gloo ranks on
     127.0.0.1."""
-    ap = argparse.ArgumentParser(prog="python -m srot_fast.distributed", description=main.__doc__)
-    ap.add_argument("--nproc", type=int, default=2, help="gloo ranks to spawn when not under torchrun")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per spawned rank")
-    ap.add_argument("--points", type=int, default=4000, help="points per cloud, over all ranks")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--lr", type=float, default=0.5)
-    ap.add_argument("--blur", type=float, default=0.1)
-    ap.add_argument("--reach", type=float, default=1.0, help="reach of the unbalanced (KL) loss; 0: balanced OT")
-    ap.add_argument("--mode", default="auto", choices=MODES)
-    ap.add_argument("--backend", default="auto")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
+    args = build_parser().parse_args(argv)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
         cuda = torch.cuda.is_available()
         if cuda:
