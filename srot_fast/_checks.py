@@ -144,6 +144,19 @@ def check_masses(mass_a: torch.Tensor, mass_b: torch.Tensor, dtype: torch.dtype)
                          "rescale the weights (e.g. to probabilities)")
 
 
+def mass_rtol(dtype: torch.dtype) -> float:
+    """Relative tolerance of total masses compared with each other or with ``mass``: the rounding of a sum of
+    float32 weights (float64 is held to the same), or of half weights (~5e-4)."""
+    return 1e-6 if dtype in (torch.float32, torch.float64) else 1e-3
+
+
+def check_partial_mass(mass: float, least: float, dtype: torch.dtype, where: str = "") -> None:
+    """Partial OT: ``mass`` <= ``least`` = min(|a|, |b|), up to :func:`mass_rtol` (so that a float sum of weights
+    that rounds just below ``mass`` is accepted)."""
+    if mass > least * (1 + mass_rtol(dtype)):
+        raise ValueError(f"mass must be <= min(a.sum(), b.sum()) = {least:.9g}{where}, got {mass:.9g}")
+
+
 def masses(w: torch.Tensor, f: torch.Tensor, s: torch.Tensor, eps: float) -> torch.Tensor:
     """w_i exp((f_i - s_i) / eps), computed as exp(log w_i + (f_i - s_i) / eps) in float64 (no overflow of
     the factor alone where the product is finite), returned in w's dtype."""
@@ -160,6 +173,14 @@ def check_positive(value, name: str, allow_inf: bool = False) -> float:
     if math.isnan(value) or value <= 0 or (math.isinf(value) and not allow_inf):
         kind = "a positive number or inf" if allow_inf else "a finite positive number"
         raise ValueError(f"{name} must be {kind}, got {value}")
+    return value
+
+
+def check_flag(value, name: str) -> bool:
+    """True or False; anything else (a string such as 'no', 0, None) is a TypeError naming ``name``: Python
+    would read most of them as True."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
     return value
 
 

@@ -208,9 +208,7 @@ def _solve(comm: Comm, x, y, a, b, u, v, ns: list, ms: list, *, p, eps, pen_a, p
 
     with torch.no_grad():
         if mass is not None:
-            if mass > float(torch.minimum(mass_a, mass_b).min()) * (1 + 1e-12):
-                raise ValueError(f"mass must be <= min(a.sum(), b.sum()) = "
-                                 f"{float(torch.minimum(mass_a, mass_b).min()):.6g} (over all ranks), got {mass}")
+            _checks.check_partial_mass(mass, float(torch.minimum(mass_a, mass_b).min()), in_dtype, " (over all ranks)")
             aa = torch.cat([a1, (mass_b - mass).clamp_min(0)[:, None]], -1)
             bb = torch.cat([b1, (mass_a - mass).clamp_min(0)[:, None]], -1)
             if init is not None:
@@ -229,8 +227,7 @@ def _solve(comm: Comm, x, y, a, b, u, v, ns: list, ms: list, *, p, eps, pen_a, p
             passes = sol.passes + 2
         else:
             if pen_a.balanced and pen_b.balanced:
-                rtol = 1e-6 if in_dtype in (torch.float32, torch.float64) else 1e-3
-                if abs(float(tot[0]) - float(tot[1])) > rtol * max(float(tot[0]), float(tot[1])):
+                if abs(float(tot[0]) - float(tot[1])) > _checks.mass_rtol(in_dtype) * max(float(tot[0]), float(tot[1])):
                     raise ValueError(
                         f"balanced OT needs a and b of equal total mass (over all ranks), got {float(tot[0]):.6g} "
                         f"and {float(tot[1]):.6g}; normalise them or use penalty='kl'/'tv'")

@@ -114,6 +114,7 @@ def sinkhorn(
         out = dict(x=xs, y=ys, a=_weights(a, xs, "a"), b=_weights(b, ys, "b"),
                    u=_checks.check_offsets(u, xs, "u"), v=_checks.check_offsets(v, ys, "v"), p=p_, eps=eps_)
         _scalar_checks(penalty, tau, mass, scaling, tol, max_iter, check_every, diameter)
+        _checks.check_flag(accelerate, "accelerate")
         out["value_tol"] = None if value_tol is None else _checks.check_positive(value_tol, "value_tol")
         check_precision(precision)
         check_autotune(autotune)

@@ -159,11 +159,12 @@ class SROTLoss(nn.Module):
         elif value_tol is not None:
             value_tol = _checks.check_positive(value_tol, "value_tol")
         self.value_tol = value_tol
-        self.debias, self.potentials, self.backend = bool(debias), bool(potentials), backend
-        self.verbose = bool(verbose)
+        self.debias = _checks.check_flag(debias, "debias")
+        self.potentials = _checks.check_flag(potentials, "potentials")
+        self.backend, self.verbose = backend, _checks.check_flag(verbose, "verbose")
         self.strategy, self.detector = strategy, detector
         self.tol, self.max_iter = tol, max_iter
-        self.warm_start = bool(warm_start)
+        self.warm_start = _checks.check_flag(warm_start, "warm_start")
         self.precision, self.autotune = check_precision(precision), check_autotune(autotune)
         self.last_result: Optional[SinkhornResult] = None
         self._warm: Optional[tuple] = None  # (f, g) of the previous call

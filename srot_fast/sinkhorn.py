@@ -129,6 +129,7 @@ def _check_inputs(x, y, a, b, u, v, *, p, eps, backend, precision, autotune, sca
     value_tol = None if value_tol is None else _checks.check_positive(value_tol, "value_tol")
     max_iter = _checks.non_negative_int(max_iter, "max_iter")
     check_every = _checks.positive_int(check_every, "check_every", allow_none=True)
+    accelerate = _checks.check_flag(accelerate, "accelerate")
     pen_a, pen_b = _penalties(penalty, tau)
     if self_transport and pen_a != pen_b:
         raise ValueError(f"self-transport needs one penalty on both marginals, got {pen_a} and {pen_b}")
@@ -160,8 +161,7 @@ def _check_init(init, inp: _Inputs):
 
 def _check_balance(mass_a, mass_b, in_dtype) -> None:
     """Balanced OT: every problem's a and b must carry the same total mass (to rounding)."""
-    rtol = 1e-6 if in_dtype in (torch.float32, torch.float64) else 1e-3  # half weights round at ~5e-4
-    gap = (mass_a - mass_b).abs() > rtol * torch.maximum(mass_a, mass_b)
+    gap = (mass_a - mass_b).abs() > _checks.mass_rtol(in_dtype) * torch.maximum(mass_a, mass_b)
     if bool(gap.any()):
         k = int(gap.nonzero()[0])
         raise ValueError(f"balanced OT needs a and b of equal total mass, got {float(mass_a[k]):.6g} and "
@@ -222,9 +222,7 @@ def _fit_partial(geom: Geometry, inp: _Inputs, eps, eps_list, init, mass_a, mass
     """Partial OT of mass s: balanced OT between the measures augmented with a dummy point each, of weights
     |b| - s and |a| - s (:class:`PartialGeometry`); the result is read back on the real points."""
     a, b, pen_a, pen_b, mass = inp.a.detach(), inp.b.detach(), inp.pen_a, inp.pen_b, inp.mass
-    if mass > float(torch.minimum(mass_a, mass_b).min()) * (1 + 1e-12):
-        raise ValueError(f"mass must be <= min(a.sum(), b.sum()) = "
-                         f"{float(torch.minimum(mass_a, mass_b).min()):.6g}, got {mass}")
+    _checks.check_partial_mass(mass, float(torch.minimum(mass_a, mass_b).min()), inp.in_dtype)
     # dummy weights |b| - s and |a| - s; clamped at 0 when s rounds above a float sum
     aa = torch.cat([a, (mass_b - mass).clamp_min(0)[:, None]], -1)
     bb = torch.cat([b, (mass_a - mass).clamp_min(0)[:, None]], -1)

@@ -73,6 +73,9 @@ SINKHORN_BAD = {
     "max_iter": (lambda x, y: dict(x=x, y=y, max_iter=-3), ValueError, r"^max_iter must be"),
     "dtype_mix": (lambda x, y: dict(x=x, y=y.float()), TypeError, r"x and y must have the same dtype"),
     "dtype_a": (lambda x, y: dict(x=x, y=y, a=torch.full((5,), 0.2)), TypeError, r"^a must have dtype"),
+    "accelerate_str": (lambda x, y: dict(x=x, y=y, accelerate="no"), TypeError,
+                       r"^accelerate must be True or False, got str 'no'"),
+    "accelerate_int": (lambda x, y: dict(x=x, y=y, accelerate=0), TypeError, r"^accelerate must be True or False"),
 }
 
 
@@ -125,6 +128,10 @@ LOSS_CTOR_BAD = {
     "multiscale": (dict(backend="multiscale"), ValueError, r"^backend='multiscale' is not available"),
     "max_iter": (dict(max_iter=-1), ValueError, r"^max_iter must be"),
     "tol": (dict(tol=0.0), ValueError, r"^tol must be"),
+    "debias_str": (dict(debias="no"), TypeError, r"^debias must be True or False, got str 'no'"),
+    "potentials_int": (dict(potentials=1), TypeError, r"^potentials must be True or False"),
+    "warm_start_none": (dict(warm_start=None), TypeError, r"^warm_start must be True or False"),
+    "verbose_str": (dict(verbose="yes"), TypeError, r"^verbose must be True or False"),
 }
 
 
@@ -267,6 +274,22 @@ def test_mass_equal_to_a_total_that_rounds_below_it():
     assert res.transported_mass == pytest.approx(float(a.sum()), rel=1e-6)
     ref = sinkhorn(x, y, a, a.clone(), p=2, eps=0.05)
     assert float(res.value) == pytest.approx(float(ref.value), rel=1e-6)
+
+
+@pytest.mark.parametrize("n, seed", [(7, 1), (1000, 2)])
+def test_float32_mass_one_with_normalised_weights(n, seed):
+    """float32 weights normalised to sum 1 may sum to 1 - 1.2e-7: mass=1.0 is then that total, not an error
+    (sinkhorn and the exact reference); a mass clearly above it still is."""
+    gen = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(n, 2, generator=gen), torch.randn(n, 2, generator=gen)
+    a, b = torch.rand(n, generator=gen) + 0.1, torch.rand(n, generator=gen) + 0.1
+    a, b = a / a.sum(), b / b.sum()
+    assert float(torch.minimum(a.sum(), b.sum())) < 1.0  # the rounding case
+    res = sinkhorn(x, y, a, b, p=2, eps=0.5, mass=1.0, backend="tensorized")
+    assert torch.isfinite(res.value) and res.transported_mass == pytest.approx(1.0, abs=1e-4)
+    assert exact_partial(x, y, a, b, mass=1.0)[1].sum() == pytest.approx(1.0, abs=1e-5)
+    with pytest.raises(ValueError, match=r"^mass must be <= min\(a.sum\(\), b.sum\(\)\) = 0.99999.*got 1.00001$"):
+        sinkhorn(x, y, a, b, p=2, eps=0.5, mass=1.0 + 1e-5, backend="tensorized")
 
 
 def test_empty_batch():
