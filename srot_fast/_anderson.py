@@ -18,6 +18,7 @@ DEPTH = 5  # potentials kept in the history
 FAR = 1e6  # a proposal whose relative column error exceeds this (and twice the best error) is not taken
 STALL = 100  # updates in which the stopping error did not halve: the problem has stalled ...
 PLAIN_RUN = 60  # ... and takes this many plain steps before Anderson goes on
+QUIT = 2  # partial OT: after this many stalls with no halving between them, plain steps to the end
 RESTART_GAP = 2  # partial OT with offsets: a bad step in the RESTART_GAP + 1 updates after a restart keeps the history
 
 
@@ -68,15 +69,18 @@ class Anderson:
     no progress for thousands of updates there (on KL / TV the gap cost updates, on balanced OT it made the
     loss's early stops on its value test later; docs/DESIGN.md). Residuals
     count on points of positive weight only (``mask`` (B, M)), so zero-weight padding changes nothing.
-    Stall watch (:meth:`track`, :attr:`resting`; not under ``by_value``): a problem whose stopping error has not
-    halved in STALL updates takes PLAIN_RUN plain steps. ``rank_sum`` completes sums over points taken on one
+    Stall watch (:meth:`track`, :attr:`resting`): a balanced OT problem whose stopping error has not halved in
+    STALL updates takes PLAIN_RUN plain steps; a partial OT problem takes plain steps to the end after QUIT such
+    stalls. ``rank_sum`` completes sums over points taken on one
     shard of a sharded geometry (the identity otherwise)."""
 
     proposes = True  # g may differ from T(g): the loop measures the column marginal too
 
     def __init__(self, batch: int, like: torch.Tensor, mask: torch.Tensor, depth: int = DEPTH,
-                 rank_sum=_identity, by_value: bool = False, restart_gap: int = 0, native: bool = False):
+                 rank_sum=_identity, by_value: bool = False, restart_gap: int = 0, watch: bool = True,
+                 quit: int = 0, native: bool = False):
         self.depth = depth
+        self.watch, self.quit = watch, quit
         self.by_value = by_value
         self.restart_gap = restart_gap
         self.rank_sum = rank_sum
@@ -92,6 +96,7 @@ class Anderson:
         self.low = like.new_full((batch,), math.inf, dtype=torch.float64)  # (B,) stopping error at its last halving
         self.flat = like.new_zeros((batch,), dtype=torch.int64)  # (B,) updates since then
         self.rest = like.new_zeros((batch,), dtype=torch.int64)  # (B,) plain steps left after a stall
+        self.stalls = like.new_zeros((batch,), dtype=torch.int64)  # (B,) stalls since the error last halved
         # ``native`` (the loop passes it when the backend is built on the compiled CPU library): on CPU the
         # compiled step (kernels/cpu_ops.py, anderson_step), the same arithmetic in one call
         self.native = native and rank_sum is _identity and like.device.type == "cpu" and _cpu_ops().available()
@@ -99,32 +104,41 @@ class Anderson:
     def subset(self, idx: torch.Tensor) -> "Anderson":
         """The state of problems ``idx`` (int64 (K,)), for a smaller batch that goes on from here."""
         out = Anderson(int(idx.numel()), self.best, self.mask[idx], depth=self.depth, rank_sum=self.rank_sum,
-                       by_value=self.by_value, restart_gap=self.restart_gap, native=self.native)
+                       by_value=self.by_value, restart_gap=self.restart_gap, watch=self.watch,
+                       quit=self.quit, native=self.native)
         if self.images is not None:
             out.images, out.resid, out.inner = self.images[idx], self.resid[idx], self.inner[idx]
         out.slot, out.valid, out.best, out.top = self.slot, self.valid[idx], self.best[idx], self.top[idx]
         out.since, out.low, out.flat, out.rest = self.since[idx], self.low[idx], self.flat[idx], self.rest[idx]
+        out.stalls = self.stalls[idx]
         return out
 
     def track(self, err: torch.Tensor, done: torch.Tensor) -> None:
-        """Stall watch, on the (B,) stopping error ``err`` (row + column) of the current iterate: a problem whose
-        error has not halved in STALL updates takes PLAIN_RUN plain steps (``resting``), then Anderson goes on
-        from a history of plain iterates. It catches what the safeguard of :meth:`step`, which reads the row error
-        alone, lets through: proposals that keep both errors flat (small problems with uneven weights; figures in
-        docs/DESIGN.md, Acceleration). Called once per update, on problems that are not partial OT. Not under
-        ``by_value``: there a step whose error stays flat is kept while it raises the dual objective, and plain
-        steps in the middle of such a run cost updates (TV on small problems with uneven weights)."""
-        if self.by_value:
+        """Stall watch, on the (B,) stopping error ``err`` of the current iterate (rows + columns; partial OT: its
+        rows), once per update. A problem whose error has not halved in STALL updates has stalled: with
+        ``watch`` (balanced OT) it takes PLAIN_RUN plain steps (``resting``), then Anderson goes on from a history
+        of plain iterates; with ``quit`` = k > 0 (partial OT) it takes plain steps to the end after k stalls with
+        no halving between them. It catches what the safeguard of :meth:`step`, which reads the row error alone,
+        lets through: proposals that keep the error flat (small problems with uneven weights; figures in
+        docs/DESIGN.md, Acceleration). Neither on unbalanced OT: there a step whose error stays flat is kept while
+        it raises the dual objective, and plain steps in the middle of such a run cost updates (TV on small
+        problems with uneven weights); nor 60-step rests on partial OT, where one cost a case of the convergence
+        grid 60 % more updates."""
+        if not (self.watch or self.quit):
             return
         better = err <= 0.5 * self.low
         self.low = torch.where(better, err.double(), self.low)
         stalled = ~done & ~better & (self.flat + 1 >= STALL)
         self.flat = torch.where(better | done | stalled, torch.zeros_like(self.flat), self.flat + 1)
-        self.rest = torch.where(stalled, torch.full_like(self.rest, PLAIN_RUN), (self.rest - 1).clamp_min(0))
+        self.stalls = torch.where(better, torch.zeros_like(self.stalls), self.stalls + stalled.long())
+        if self.watch:
+            self.rest = torch.where(stalled, torch.full_like(self.rest, PLAIN_RUN), (self.rest - 1).clamp_min(0))
 
     @property
     def resting(self) -> torch.Tensor:
         """(B,) bool: problems that take the plain step T(g) at this update (after a stall, :meth:`track`)."""
+        if self.quit > 0:
+            return (self.rest > 0) | (self.stalls >= self.quit)
         return self.rest > 0
 
     def too_far(self, col: torch.Tensor, done: torch.Tensor) -> torch.Tensor:

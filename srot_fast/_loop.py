@@ -10,7 +10,8 @@ One update = one row pass and one column pass:
 the new g accelerated by :class:`srot_fast._anderson.Anderson` (Anderson acceleration of the map
 g -> A_b(S_y(A_a(S_x(g))))). An accelerated g is not the exact column update, so the stopping test adds the
 column marginal's error to the row one (from the column pass just run; at the first look, before any update,
-from one extra column pass). A problem whose error stalls takes plain steps for a while (``Anderson.track``).
+from one extra column pass). A problem whose error stalls takes plain steps for a while (partial OT: after a
+second stall, to the end; ``Anderson.track``).
 For partial OT (dummy points) each update ends with the geometry's exact rebalancing step, and the stopping
 test reads the rows of its augmented problem.
 """
@@ -22,7 +23,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ._anderson import RESTART_GAP, Anderson, Plain, _identity
+from ._anderson import QUIT, RESTART_GAP, Anderson, Plain, _identity
 from .penalties import Penalty
 
 WINDOW = 8         # updates between two readings of the value test
@@ -272,8 +273,10 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         by_value = not (pen_a.balanced and pen_b.balanced) or (rebalance is not None and offsets)
         gap = RESTART_GAP if rebalance is not None and offsets else 0
         native = getattr(getattr(real, "ops", None), "CPU_LIBRARY", False)  # its step compiled there too
+        partial = rebalance is not None  # stall watch: rests on balanced OT, quitting on partial OT
         stepper = (Anderson(batch, f, mask, rank_sum=_rank_sum(geom), by_value=by_value, restart_gap=gap,
-                            native=native) if accelerate else Plain())
+                            watch=not (partial or by_value), quit=QUIT if partial else 0, native=native)
+                   if accelerate else Plain())
     vtest = _ValueTest(value_tol) if vtest is None else vtest
     checks = _Checks(f.device, check_every)
     done = torch.zeros(batch, dtype=torch.bool, device=f.device)
@@ -300,7 +303,7 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         if read:
             done = done | (vtest.passed(value) & (err <= VALUE_SPAN * tol))
         done = done | (err <= (tol if enter_tol is None or it > it0 else max(tol, enter_tol)))
-        if stepper.proposes and rebalance is None and not (resumed and it == it0):  # stall watch, once per update
+        if stepper.proposes and not (resumed and it == it0):  # stall watch, once per update
             stepper.track(err, done)
         n_fin = checks.poll(it, max_iter, done, err, tol)
         if n_fin is not None:
@@ -320,6 +323,8 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
             g = torch.where(far[:, None], g_hat, g)
             col = torch.where(far, torch.zeros_like(col), col)
         else:  # g = T(g) (or frozen): exact columns; partial OT reads its rows only
+            if stepper.proposes:  # partial OT after a stall: T(g)
+                g = torch.where(stepper.resting[:, None] & ~done[:, None], g_hat, g)
             col = torch.where(done, col, torch.zeros_like(col))
         s = geom.softmin_x(log_b + g / eps, eps)
         if rebalance is not None:
