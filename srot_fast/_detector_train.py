@@ -47,8 +47,11 @@ def _row_chunks(x: torch.Tensor):
 def _moments(x: torch.Tensor, image: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(scale, mean, std) of the pooled points x (N, D) per coordinate or images (N, C, H, W) per channel, in
     float64, shapes (D,) or (C, 1, 1): scale = max |x|, mean and (biased) std computed on x / scale, so no
-    square overflows whatever the magnitude of the data. std is floored at 1e-6 x the largest |mean| or std
-    (constant coordinates standardise to 0)."""
+    square overflows whatever the magnitude of the data. A std below 1e-6 x the largest |mean| or std (a
+    constant coordinate or channel) is replaced by the largest std: such a coordinate standardises to 0 on the
+    training points, and a new point off that value moves as far in standardised units as in the other
+    coordinates (with the floor itself, 1e-3 off a constant coordinate flipped a point's score from 0.1 to 1).
+    All constant: std 1."""
     sd = _stat_dtype(x.device)
     dims = _group_dims(image)
     scale = torch.stack([c.detach().to(sd).abs().amax(dims) for c in _row_chunks(x)]).amax(0)
@@ -60,8 +63,11 @@ def _moments(x: torch.Tensor, image: bool) -> Tuple[torch.Tensor, torch.Tensor, 
     m = mean_s.reshape(shape)
     var_s = sum(((c.detach().to(sd) / b - m) ** 2).sum(dims) for c in _row_chunks(x)) / count
     mean, std = (mean_s * scale).reshape(shape), (var_s.sqrt() * scale).reshape(shape)
-    floor = 1e-6 * max(float(std.max()), float(mean.abs().max()))
-    return b, mean, std.clamp_min(floor if floor > 0 else 1.0)
+    top = float(std.max())
+    floor = 1e-6 * max(top, float(mean.abs().max()))
+    if not top > floor:  # every coordinate constant
+        return b, mean, torch.ones_like(std)
+    return b, mean, torch.where(std > floor, std, torch.full_like(std, top))
 
 
 def _standardised(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, dtype: torch.dtype,

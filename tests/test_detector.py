@@ -201,6 +201,22 @@ def test_standardisation_in_float64():
     assert torch.allclose(tiny.std_ * 1e30, small.std_, rtol=1e-5)
 
 
+def test_constant_coordinate_keeps_new_points_in_scale():
+    """2-D clouds embedded in 3-D with z = 0: the constant coordinate standardises with the largest std, so a
+    point 1e-3 off the plane scores as the point on it (the old floor, 1e-6 x the spread, made that 1e3
+    standardised units: 0.11 -> 1.0); an all-constant fit has std 1."""
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(300, 2, generator=gen), torch.randn(300, 2, generator=gen) + 2
+    flat = lambda t: torch.cat([t, torch.zeros(len(t), 1)], 1)  # noqa: E731
+    det = OutlierDetector(seed=0, epochs=3, progress=False).fit(flat(x), flat(y))
+    assert float(det.std_[2]) == pytest.approx(float(det.std_[:2].max()))
+    on = torch.tensor([[0.0, 0.0, 0.0], [2.0, 2.0, 0.0]])
+    off = on + torch.tensor([0.0, 0.0, 1e-3])
+    assert torch.allclose(det.predict_proba(off), det.predict_proba(on), atol=1e-3)
+    same = OutlierDetector(seed=0, epochs=1, progress=False).fit(torch.ones(20, 2), torch.ones(20, 2))
+    assert torch.equal(same.std_, torch.ones(2, dtype=torch.float64))
+
+
 def test_progress_bar(capsys):
     d = make_toy_2d(seed=0)
     OutlierDetector(epochs=3, progress=True).fit(d.x, d.y)
