@@ -328,7 +328,8 @@ def sinkhorn(
         tol: stop when every problem's relative L1 marginal error (rows plus columns; partial OT: the rows of
             its augmented problem; docs/DESIGN.md, Stopping rule) is <= tol. ``None``: GeomLoss's fixed
             schedule (one averaged update per eps, then one extrapolation; no stopping test), with GeomLoss's
-            value formula (for probability weights it equals the dual objective at the fixed point).
+            value formula (for probability weights it equals the dual objective at the fixed point). In
+            float32, tight tolerances at small eps take several times float64's updates (README.md).
         max_iter: cap on all updates, eps-scaling included (a longer eps schedule is thinned to fit).
         backend: 'auto' | 'tensorized' | 'cpu' | 'keops' | 'triton' (see srot_fast.backends).
         init: optional warm start (f0, g0) shaped like the potentials, e.g. those of a previous, nearby
