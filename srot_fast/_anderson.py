@@ -130,7 +130,8 @@ class Anderson:
         self.low = torch.where(better, err.double(), self.low)
         stalled = ~done & ~better & (self.flat + 1 >= STALL)
         self.flat = torch.where(better | done | stalled, torch.zeros_like(self.flat), self.flat + 1)
-        self.stalls = torch.where(better, torch.zeros_like(self.stalls), self.stalls + stalled.long())
+        if self.quit:  # read by ``resting`` only then
+            self.stalls = torch.where(better, torch.zeros_like(self.stalls), self.stalls + stalled.long())
         if self.watch:
             self.rest = torch.where(stalled, torch.full_like(self.rest, PLAIN_RUN), (self.rest - 1).clamp_min(0))
 
