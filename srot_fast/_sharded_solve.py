@@ -252,8 +252,9 @@ def _solve(comm: Comm, x, y, a, b, u, v, ns: list, ms: list, *, p, eps, pen_a, p
                                      "(try float64 or a larger blur)")
         err = float(sol.marginal_error[0])
         if tol is not None and not bool(sol.converged.all()):
-            warnings.warn(f"Sinkhorn stopped at max_iter={max_iter} with relative marginal error {err:.2e} > "
-                          f"tol={tol:g}; raise max_iter, eps (blur) or tol", ConvergenceWarning, stacklevel=3)
+            af, wa, bg, wb = _sums(comm, [a1 * f.abs(), a1, b1 * g.abs(), b1], False)[:, 0].tolist()
+            warnings.warn(_checks.unconverged(max_iter, err, tol, x.dtype, eps, 0.5 * (af / wa + bg / wb)),
+                          ConvergenceWarning, stacklevel=3)
         row_mass = _checks.masses(a1, f, s_real, eps)
         col_mass = _checks.masses(b1, g, t_real, eps)
         moved = float(_sums(comm, [row_mass], False)[0])

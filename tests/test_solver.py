@@ -454,6 +454,22 @@ def test_max_iter_caps_every_update():
         assert sinkhorn(x, y, p=2, max_iter=0).n_iter == 0
 
 
+def test_unconverged_warning_names_the_float32_limit():
+    """Where float32 cannot resolve the marginals to tol (rounding the potentials alone moves the error by some
+    u |f| / eps), the ConvergenceWarning says so and points to float64; elsewhere it asks for more updates. The
+    floor here (~5e-5) is 200x the threshold tol / 4 and the float32 floor at eps = 1 (~1e-7) 2500x below it."""
+    x, y = _gaussians(200)
+    for dt, eps, tol, limit in ((torch.float32, 0.05**2, 1e-6, True), (torch.float64, 0.05**2, 1e-6, False),
+                                (torch.float32, 1.0, 1e-3, False)):
+        with pytest.warns(ConvergenceWarning) as caught:
+            sinkhorn(x.to(dt), y.to(dt), p=2, eps=eps, tol=tol, max_iter=2)
+        msg = str(caught[0].message)
+        assert ("float32 resolves the marginals" in msg and "solve in float64" in msg) == limit, (dt, eps, msg)
+        assert ("raise max_iter, eps (blur) or tol" in msg) != limit, (dt, eps, msg)
+    with pytest.warns(ConvergenceWarning, match="float32 resolves"):  # partial OT reads its real points
+        sinkhorn(x.float(), y.float(), p=2, eps=0.05**2, tol=1e-6, max_iter=2, mass=0.5)
+
+
 # --------------------------------------------------------------------------------------- batching
 def _ragged():
     """Three problems of different sizes, padded to (3, 9, 2) / (3, 7, 2) with zero-weight points far away."""
