@@ -336,7 +336,8 @@ def sinkhorn(
             float32, tight tolerances at small eps take several times float64's updates or are out of reach:
             rounding the potentials moves the error by about 1.2e-7 mean|f| / eps (README.md; the
             ConvergenceWarning says when that is the limit).
-        max_iter: cap on all updates, eps-scaling included (a longer eps schedule is thinned to fit).
+        max_iter: cap on all updates, eps-scaling included (a longer eps schedule is thinned to fit). 0: no
+            update; the value is then that of the exact row update for the starting g (a lower bound).
         backend: 'auto' | 'tensorized' | 'cpu' | 'keops' | 'triton' (see srot_fast.backends).
         init: optional warm start (f0, g0) shaped like the potentials, e.g. those of a previous, nearby
             problem (gradient flows); skips eps-scaling.

@@ -454,6 +454,21 @@ def test_max_iter_caps_every_update():
         assert sinkhorn(x, y, p=2, max_iter=0).n_iter == 0
 
 
+@pytest.mark.parametrize("kw", [{}, {"mass": 0.5}, {"penalty": "kl", "tau": 1.0}])
+def test_max_iter_zero_is_finite_and_not_converged(kw):
+    """No update at all: the value is the dual objective at the exact row update of the starting g, a finite
+    lower bound (the start's f and g come from the zero potential independently, and their plan's mass
+    overflowed: -inf in float32, -2e43 in float64), and the result says it has not converged (partial OT's
+    row test read 0 there)."""
+    x, y = _gaussians(300, shift=0.5)
+    for dt in (torch.float32, F64):
+        with pytest.warns(ConvergenceWarning, match="max_iter=0"):
+            res = sinkhorn(x.to(dt), y.to(dt), p=2, eps=0.05**2, max_iter=0, **kw)
+        done = sinkhorn(x.to(dt), y.to(dt), p=2, eps=0.05**2, tol=1e-6, max_iter=5000, **kw)
+        assert res.n_iter == 0 and not bool(res.converged) and res.marginal_error > 1e-2, (dt, kw)
+        assert torch.isfinite(res.value) and 0 < float(res.value) <= float(done.value) * (1 + 1e-5), (dt, kw)
+
+
 def test_unconverged_warning_names_the_float32_limit():
     """Where float32 cannot resolve the marginals to tol (rounding the potentials alone moves the error by some
     u |f| / eps), the ConvergenceWarning says so and points to float64; elsewhere it asks for more updates. The
