@@ -255,8 +255,8 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         passes += 1
         if rebalance is not None:
             f, g, s = rebalance(f, g, log_b, eps, log_a, dummies=True)
-        if tol is not None and max_iter == 0:  # no update: f and g came from the zero potential independently,
-            # and their plan's mass can overflow; the exact row update for g makes its rows right (a finite value)
+        if init is None and tol is not None and max_iter == 0:  # no update: f and g came from the zero potential
+            # independently, and their plan's mass can overflow; the exact row update for g makes its rows right
             f = pen_a.aprox(s, eps)
     if tol is None:  # GeomLoss's last extrapolation: both potentials from the previous pair
         t = geom.softmin_y(log_a + f / eps, eps)
