@@ -27,7 +27,8 @@ STRATEGIES = (None, "hard", "soft")
 _GEOMLOSS_ONLY = {  # SamplesLoss arguments srot_fast has no counterpart for -> what to use instead
     "cost": "a custom cost is not supported: srot_fast's kernels compute |x - y| (p=1) or |x - y|^2/2 (p=2)",
     "kernel": "kernel losses are not OT: use geomloss.SamplesLoss('gaussian' / 'laplacian' / 'energy')",
-    "cluster_scale": "the multiscale backend is not available: use backend='online' (streaming kernels)",
+    "cluster_scale": "GeomLoss's multiscale clusters are not used: backend='blocksparse' (d <= 3) picks its own "
+                     "blocks; or use backend='online' (streaming kernels)",
 }
 
 
@@ -112,8 +113,8 @@ class SROTLoss(nn.Module):
             if value is not None:
                 raise ValueError(f"{name}: {_GEOMLOSS_ONLY[name]}")
         if truncate != 5:
-            raise ValueError("truncate only acts in GeomLoss's multiscale backend, which srot_fast does not have; "
-                             "leave it at its default")
+            raise ValueError("truncate only acts in GeomLoss's multiscale backend; srot_fast's counterpart, "
+                             "backend='blocksparse' (d <= 3), bounds what it drops itself: leave truncate at 5")
         self.p = _checks.check_p(p)
         self.blur = _checks.check_positive(blur, "blur")
         self.eps = _checks.power(self.blur, self.p, "blur")
@@ -138,7 +139,8 @@ class SROTLoss(nn.Module):
         if not self.scaling < 1:
             raise ValueError(f"scaling must be in (0, 1), got {scaling}")
         if backend == "multiscale":
-            raise ValueError("backend='multiscale' is not available; use 'online' (streaming kernels) or 'auto'")
+            raise ValueError("backend='multiscale' is GeomLoss's; srot_fast's counterpart is 'blocksparse' (d <= 3: "
+                             "skips the block pairs a bound proves negligible), or use 'online' (streaming) or 'auto'")
         if backend != "auto" and backend != "online" and backend not in BACKENDS:
             raise ValueError(f"backend must be 'auto', 'online' or one of {BACKENDS}, got {backend!r}")
         if strategy not in STRATEGIES:
