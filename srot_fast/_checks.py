@@ -208,11 +208,13 @@ def check_p(p) -> int:
 
 
 def pair_of(value, name: str, allow_inf: bool = True) -> tuple[float, float]:
-    """A positive number or a pair (value_a, value_b)."""
+    """A positive number or a pair (value_a, value_b); with ``allow_inf``, None in a pair is inf (a reach or tau
+    of None: balanced OT on that side, as None for the whole argument means balanced OT)."""
     if isinstance(value, (tuple, list)):
         if len(value) != 2:
             raise ValueError(f"{name} must be a number or a pair (for_a, for_b), got {value!r}")
-        return (check_positive(value[0], f"{name}[0]", allow_inf), check_positive(value[1], f"{name}[1]", allow_inf))
+        side = [math.inf if allow_inf and w is None else w for w in value]
+        return (check_positive(side[0], f"{name}[0]", allow_inf), check_positive(side[1], f"{name}[1]", allow_inf))
     v = check_positive(value, name, allow_inf)
     return v, v
 

@@ -48,7 +48,8 @@ class SROTLoss(nn.Module):
         loss: 'sinkhorn' (the only OT loss; other GeomLoss names are refused).
         p: 1 (cost |x - y|, the paper's choice) or 2 (cost |x - y|^2 / 2).
         blur: eps = blur**p, the entropic regularisation (blur in data units).
-        reach: None (balanced OT), a number, or a pair (reach_a, reach_b); tau = reach**p.
+        reach: None (balanced OT), a number, or a pair (reach_a, reach_b) (None in it: balanced on that side);
+            tau = reach**p.
         diameter, scaling: eps-scaling from diameter**p down to eps by factors scaling**p.
         truncate, cost, kernel, cluster_scale: GeomLoss's; only their defaults are accepted.
         debias: subtract the self-transport terms (Sinkhorn divergence, Séjourné et al.); on by default as in

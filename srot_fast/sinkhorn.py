@@ -322,7 +322,7 @@ def sinkhorn(
         p: 1 for the cost |x - y|, 2 for |x - y|^2 / 2.
         eps: entropic regularisation in cost units (= blur**p); default 0.05**p.
         penalty: 'balanced' (hard marginals), 'kl' (unbalanced) or 'tv' (partial-like), with strength
-            ``tau`` (a number or a pair (tau_a, tau_b); inf makes that side balanced). Same as POT's reg_m.
+            ``tau`` (a number or a pair (tau_a, tau_b); inf or None makes that side balanced). Same as POT's reg_m.
         mass: transported mass s for entropic partial OT (dummy-point augmentation); needs 'balanced'.
         u: (N,), v: (M,) cost offsets (batched like the points): the cost becomes C(x_i, y_j) + u_i + v_j
             (soft SROT). With ``mass``, offsets apply to real pairs only (not transporting a point is free).

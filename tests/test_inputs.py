@@ -96,6 +96,7 @@ def test_sinkhorn_accepts_the_boundary_cases():
     assert r.transported_mass == pytest.approx(1.0, abs=1e-3)
     r = sinkhorn(x, y, penalty="kl", tau=(math.inf, 1.0), eps=0.5)  # one side balanced
     assert r.row_mass.sum() == pytest.approx(1.0, abs=1e-3)
+    assert float(sinkhorn(x, y, penalty="kl", tau=(None, 1.0), eps=0.5).value) == float(r.value)  # None: balanced
     sinkhorn(x.float(), y.float(), eps=0.5)
     sinkhorn(x, y, b=torch.full((4,), 0.3, dtype=F64), penalty="kl", tau=1.0, eps=0.5)
 
