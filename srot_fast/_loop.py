@@ -13,7 +13,8 @@ column marginal's error to the row one (from the column pass just run; at the fi
 from one extra column pass). A problem whose error stalls takes plain steps for a while (partial OT: after a
 second stall, to the end; ``Anderson.track``).
 For partial OT (dummy points) each update ends with the geometry's exact rebalancing step, and the stopping
-test reads the rows of its augmented problem.
+test reads the rows of its augmented problem; for KL penalties with the exact step along (f + c, g - c)
+(:func:`kl_translation`).
 """
 from __future__ import annotations
 
@@ -90,6 +91,30 @@ def dual_value(log_a, log_b, f_hat, g, s, pen_a: Penalty, pen_b: Penalty, eps: f
     cols = torch.stack([(b * pen_b.phi(gd)).nan_to_num(nan=0.0), b])
     side_b, mass_b = point_sum(cols).unbind(0)
     return side_a + side_b - eps * (plan - mass_a * mass_b)
+
+
+def kl_translation(pen_a: Penalty, pen_b: Penalty, log_a, f, log_b, g, point_sum=_local_sum) -> torch.Tensor:
+    r"""(B,) float64 c maximising the dual objective along (f + c, g - c) when a side has a KL penalty (one side
+    may be balanced). The plan, exp((f_i + g_j - C_ij)/eps), does not change along that line, so the dual moves
+    by <a, phi_a(f + c)> + <b, phi_b(g - c)> only, with phi(f) = tau (1 - exp(-f/tau)) (balanced: phi(f) = f):
+    its derivative A e^{-c/tau_a} - B e^{c/tau_b}, A = <a, e^{-f/tau_a}>, B = <b, e^{-g/tau_b}>, vanishes at
+        c = (log A - log B) / (1/tau_a + 1/tau_b)   (1/tau = 0 on a balanced side, where A = |a|).
+    The translation-invariant Sinkhorn of Séjourné et al.: it removes the slow drift of the total mass that
+    alternating updates correct only by eps / (eps + tau) per update. Zero weights count for nothing; the sums
+    are ``point_sum`` (all ranks of a sharded geometry), centred at the weighted mean potential; a sum that
+    overflows gives c = 0."""
+    def log_mass(log_w, pot, pen):
+        w = log_w.double().exp()
+        pot = torch.where(w > 0, pot.double(), torch.zeros_like(w))
+        if pen.balanced:
+            return point_sum(w).log(), 0.0
+        rate = 1.0 / pen.tau
+        mean = point_sum(w * pot) / point_sum(w)
+        return (point_sum(w * torch.exp(-(pot - mean[:, None]) * rate)).log() - mean * rate), rate
+
+    log_A, rate_a = log_mass(log_a, f, pen_a)
+    log_B, rate_b = log_mass(log_b, g, pen_b)
+    return ((log_A - log_B) / (rate_a + rate_b)).nan_to_num(0.0, 0.0, 0.0)
 
 
 class _ValueTest:
@@ -250,6 +275,8 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     # partial OT: exact dual ascent along its drifting direction (part of the acceleration); after an averaged
     # step or a warm start also on the dummy potentials
     rebalance = getattr(geom, "rebalance", None) if accelerate else None
+    # KL penalties: the exact step along (f + c, g - c) after each update (also part of the acceleration)
+    translate = accelerate and rebalance is None and "kl" in (pen_a.kind, pen_b.kind)
     if init is None or len(init) == 2:
         s = geom.softmin_x(log_b + g / eps, eps)
         passes += 1
@@ -332,6 +359,10 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         s = geom.softmin_x(log_b + g / eps, eps)
         if rebalance is not None:
             f, g, s = rebalance(f, g, log_b, eps, log_a)
+        elif translate:  # the soft-mins shift with the potentials (S_x(g - c) = S_x(g) + c): no pass
+            c = torch.where(done, 0.0, kl_translation(pen_a, pen_b, log_a, f, log_b, g, psum)).to(f.dtype)[:, None]
+            f, g, s, t = f + c, g - c, s + c, t - c
+            col = torch.where(done, col, marginal_error(log_b, g, t, pen_b.aprox(t, eps), eps, psum) / mass_b)
         passes += 2
         n_iter += (~done).long()
         it += 1
