@@ -282,9 +282,14 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         passes += 1
         if rebalance is not None:
             f, g, s = rebalance(f, g, log_b, eps, log_a, dummies=True)
-        if init is None and tol is not None and max_iter == 0:  # no update: f and g came from the zero potential
-            # independently, and their plan's mass can overflow; the exact row update for g makes its rows right
-            f = pen_a.aprox(s, eps)
+    if init is None and tol is not None and max_iter == 0:  # no update: f and g came from the zero potential
+        # independently and their plan's mass can overflow; the exact row update for g makes the rows right (a
+        # finite value, a lower bound), the columns tell how far it is, and it is never a solution
+        f = pen_a.aprox(s, eps)
+        t = geom.softmin_y(log_a + f / eps, eps)
+        err = marginal_error(log_b, g, t, pen_b.aprox(t, eps), eps, psum) / psum(log_b.double().exp())
+        n_iter = torch.zeros(batch, dtype=torch.int64, device=f.device)
+        return Solution(f, g, s, t, n_iter, err, passes + 1, 0, torch.zeros_like(err, dtype=torch.bool))
     if tol is None:  # GeomLoss's last extrapolation: both potentials from the previous pair
         t = geom.softmin_y(log_a + f / eps, eps)
         f, g = pen_a.aprox(s, eps), pen_b.aprox(t, eps)
@@ -370,10 +375,6 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     if t is None and need_t:  # no update ran: the column soft-min for the final f (g is kept), one pass
         t = geom.softmin_y(log_a + f / eps, eps)
         passes += 1
-    if init is None and max_iter == 0 and t is not None:  # no update ran: not a solution, though its f (the exact
-        # row update) reads a row error of 0, all that partial OT's test reads; the columns tell how far it is
-        err = row + marginal_error(log_b, g, t, pen_b.aprox(t, eps), eps, psum) / mass_b
-        done = torch.zeros_like(done)
     return Solution(f, g, s, t, n_iter, err, passes, checks.syncs, done)
 
 
