@@ -62,12 +62,11 @@ class Anderson:
     the plain step T(g) is taken and that problem's history and best error restart -- unless ``by_value`` and
     the (B,) dual objective passed to :meth:`step` is at its best so far: the iterate then made progress on the
     objective Sinkhorn maximises and is kept. Unbalanced OT and partial OT with cost offsets use ``by_value``;
-    balanced OT and partial OT without offsets keep the error test alone (measured, docs/DESIGN.md,
-    Acceleration). With ``restart_gap`` = k > 0 (the loop passes RESTART_GAP for partial OT with offsets), a bad
-    step in the k + 1 updates after a restart takes the plain step but keeps the (fresh) history: restarting again
+    balanced OT and partial OT without offsets keep the error test alone (docs/DESIGN.md, Acceleration). With
+    ``restart_gap`` = k > 0 (the loop passes RESTART_GAP for partial OT with offsets), a bad step in the k + 1
+    updates after a restart takes the plain step but keeps the (fresh) history: restarting again
     would leave two entries, whose extrapolation can overshoot the same way at every restart, a cycle that made
-    no progress for thousands of updates there (on KL / TV the gap cost updates, on balanced OT it made the
-    loss's early stops on its value test later; docs/DESIGN.md). Residuals
+    no progress for thousands of updates there (elsewhere the gap cost updates; docs/DESIGN.md). Residuals
     count on points of positive weight only (``mask`` (B, M)), so zero-weight padding changes nothing.
     Stall watch (:meth:`track`, :attr:`resting`): a balanced OT problem whose stopping error has not halved in
     STALL updates takes PLAIN_RUN plain steps; a partial OT problem takes plain steps to the end after QUIT such
@@ -119,11 +118,10 @@ class Anderson:
         ``watch`` (balanced OT) it takes PLAIN_RUN plain steps (``resting``), then Anderson goes on from a history
         of plain iterates; with ``quit`` = k > 0 (partial OT) it takes plain steps to the end after k stalls with
         no halving between them. It catches what the safeguard of :meth:`step`, which reads the row error alone,
-        lets through: proposals that keep the error flat (small problems with uneven weights; figures in
-        docs/DESIGN.md, Acceleration). Neither on unbalanced OT: there a step whose error stays flat is kept while
-        it raises the dual objective, and plain steps in the middle of such a run cost updates (TV on small
-        problems with uneven weights); nor 60-step rests on partial OT, where one cost a case of the convergence
-        grid 60 % more updates."""
+        lets through: proposals that keep the error flat (small problems with uneven weights; docs/DESIGN.md,
+        Acceleration). Neither on unbalanced OT: there a step whose error stays flat is kept while it raises the
+        dual objective, and plain steps in the middle of such a run cost updates; nor rests on partial OT, where
+        they cost updates on the convergence grid."""
         if not (self.watch or self.quit):
             return
         better = err <= 0.5 * self.low
