@@ -170,11 +170,16 @@ def unconverged(max_iter: int, err: float, tol: float, dtype: torch.dtype, eps: 
     ``size``: the mean absolute potential, (<a, |f|> / |a| + <b, |g|> / |b|) / 2 of that problem. Rounding the
     potentials to ``dtype`` alone moves the measured error by about finfo(dtype).eps * size / eps (measured within
     1.5x on Gaussians: 3.3e-4 estimated against 2.7e-4 at the float32-rounded float64 solution); where that
-    is above tol / 4 the message says the dtype is the limit."""
+    is above tol / 4 and ``err`` within 10x of it the message says the dtype is the limit (farther from it, the
+    budget is, and the message also says the dtype's floor)."""
     msg = f"Sinkhorn stopped at max_iter={max_iter} with relative marginal error {err:.2e} > tol={tol:g}{also}"
     floor = torch.finfo(dtype).eps * size / eps
+    name = str(dtype).replace('torch.', '')
+    if dtype != torch.float64 and floor > tol / 4 and err > 10 * floor:
+        return (f"{msg}; raise max_iter, eps (blur) or tol (and {name} resolves the marginals here only to about "
+                f"{floor:.1e}, so a tol below that also needs float64)")
     if dtype != torch.float64 and floor > tol / 4:
-        return (f"{msg}; {str(dtype).replace('torch.', '')} resolves the marginals here only to about {floor:.1e} "
+        return (f"{msg}; {name} resolves the marginals here only to about {floor:.1e} "
                 f"(potentials of mean size {size:.3g} against eps={eps:g}), so tol may be out of its reach: solve in "
                 f"float64 (and raise max_iter), or raise tol or eps")
     return f"{msg}; raise max_iter, eps (blur) or tol"

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from . import _checks
-from .backends import BACKENDS, get_ops, resolve_backend
+from .backends import BACKENDS, available_backends, get_ops, resolve_backend
 from .geometry import Geometry, bbox_diameter
 from .kernels.triton.options import check_autotune, check_precision, kernel_options
 from .sinkhorn import SinkhornResult, _solve
@@ -67,8 +67,10 @@ class SROTLoss(nn.Module):
             (or reach=None) for hard marginals.
         mass: transport only this mass (entropic partial OT); needs reach None and debias=False.
         tol, max_iter: Sinkhorn stopping rule (relative L1 marginal error) and cap on all updates; tol=None
-            runs GeomLoss's fixed schedule instead. The value's error is second order in the marginal error
-            (it is a dual objective at near-optimal potentials): at tol = 1e-3 it is typically ~1e-6 relative.
+            runs GeomLoss's fixed schedule instead (max_iter not read). The value's error is second order in
+            the marginal error (it is a dual objective at near-optimal potentials): at tol = 1e-3 with
+            ``value_tol=None`` it is typically ~1e-6 relative. With the default value test a solve stops once
+            its value has settled to about value_tol (= tol / 10) relative.
         value_tol: a solve also stops once its value has converged to about this relative accuracy (see
             :func:`srot_fast.sinkhorn`), which is what a loss needs: where Sinkhorn crawls (d = 64, small
             blur) the value settles long before the marginals reach tol. The gradient's error is first order
@@ -255,9 +257,18 @@ class SROTLoss(nn.Module):
         return torch.where(gam > 0, gam, torch.ones_like(gam))
 
     def _backend(self, x) -> str:
+        """The backend name for points ``x``: 'online' is the streaming kernel of their device ('cpu' on CPU;
+        'triton', else 'keops', on CUDA), never the dense 'tensorized' pass."""
         if self.backend != "online":
             return self.backend
-        return "cpu" if x.device.type == "cpu" else "auto"
+        if x.device.type == "cpu":
+            return "cpu"
+        installed = available_backends()
+        for name in ("triton", "keops"):
+            if name in installed:
+                return name
+        raise ImportError("backend='online' on CUDA needs the streaming kernels of triton or pykeops: pip install "
+                          "'srot_fast[triton]' (or 'srot_fast[keops]'); backend='tensorized' is the dense pass")
 
     def _symmetric(self) -> bool:
         """Whether the debiasing terms OT(a, a), OT(b, b) are symmetric problems (one penalty on both

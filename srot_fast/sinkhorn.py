@@ -337,8 +337,10 @@ def sinkhorn(
             rounding the potentials moves the error by about 1.2e-7 mean|f| / eps (README.md; the
             ConvergenceWarning says when that is the limit).
         max_iter: cap on all updates, eps-scaling included (a longer eps schedule is thinned to fit). 0: no
-            update; the value is then that of the exact row update for the starting g (a lower bound).
-        backend: 'auto' | 'tensorized' | 'cpu' | 'keops' | 'triton' (see srot_fast.backends).
+            update; the value is then that of the exact row update for the starting g (a lower bound). Not
+            read with ``tol=None``, which runs GeomLoss's whole schedule.
+        backend: 'auto' | 'tensorized' | 'cpu' | 'keops' | 'triton' | 'blocksparse' (see srot_fast.backends;
+            SROTLoss's 'online' alias is not taken here).
         init: optional warm start (f0, g0) shaped like the potentials, e.g. those of a previous, nearby
             problem (gradient flows); skips eps-scaling.
         accelerate: safeguarded Anderson acceleration of the updates (see
@@ -368,6 +370,8 @@ def sinkhorn(
     """
     p = _checks.check_p(p)
     eps = _checks.check_positive(0.05**p if eps is None else eps, "eps")
+    if diameter is not None:
+        diameter = _checks.check_positive(diameter, "diameter")
     return _solve(x, y, a, b, p=p, eps=eps, penalty=penalty, tau=tau, mass=mass, u=u, v=v, scaling=scaling,
                   diameter=diameter, tol=tol, max_iter=max_iter, backend=backend, init=init,
                   accelerate=accelerate, check_every=check_every, value_tol=value_tol, precision=precision,

@@ -69,6 +69,7 @@ SINKHORN_BAD = {
               r"^v contains NaN"),
     "scaling": (lambda x, y: dict(x=x, y=y, scaling=1.5), ValueError, r"^scaling must be"),
     "diameter": (lambda x, y: dict(x=x, y=y, diameter=-1.0), ValueError, r"^diameter must be"),
+    "diameter0": (lambda x, y: dict(x=x, y=y, diameter=0.0), ValueError, r"^diameter must be"),
     "tol": (lambda x, y: dict(x=x, y=y, tol=0.0), ValueError, r"^tol must be"),
     "max_iter": (lambda x, y: dict(x=x, y=y, max_iter=-3), ValueError, r"^max_iter must be"),
     "dtype_mix": (lambda x, y: dict(x=x, y=y.float()), TypeError, r"x and y must have the same dtype"),

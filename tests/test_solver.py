@@ -5,6 +5,7 @@ does not depend on the path: scaling / diameter / acceleration only change how i
 for plain entropic OT, and from GeomLoss for its fixed schedule.
 """
 import math
+import types
 import warnings
 
 import pytest
@@ -521,16 +522,21 @@ def test_kl_translation_speeds_up_unequal_masses():
 
 def test_unconverged_warning_names_the_float32_limit():
     """Where float32 cannot resolve the marginals to tol (rounding the potentials alone moves the error by some
-    u |f| / eps), the ConvergenceWarning says so and points to float64; elsewhere it asks for more updates. The
-    floor here (~5e-5) is 200x the threshold tol / 4 and the float32 floor at eps = 1 (~1e-7) 2500x below it."""
+    u |f| / eps) and the solve stopped near that floor, the ConvergenceWarning says so and points to float64;
+    stopped far above it (a small max_iter) it asks for more updates and names the floor; in float64, or where
+    the floor is far below tol, it asks for more updates alone. The floor here (~4e-5) is 170x the threshold
+    tol / 4; 1000 updates bring the float32 error to about 1e-4 (2.5x the floor), 2 updates leave it near 2."""
     x, y = _gaussians(200)
-    for dt, eps, tol, limit in ((torch.float32, 0.05**2, 1e-6, True), (torch.float64, 0.05**2, 1e-6, False),
-                                (torch.float32, 1.0, 1e-3, False)):
+    for dt, eps, tol, max_iter, kind in ((torch.float32, 0.05**2, 1e-6, 1000, "limit"),
+                                         (torch.float32, 0.05**2, 1e-6, 2, "budget+floor"),
+                                         (torch.float64, 0.05**2, 1e-6, 2, "budget"),
+                                         (torch.float32, 1.0, 1e-3, 2, "budget")):
         with pytest.warns(ConvergenceWarning) as caught:
-            sinkhorn(x.to(dt), y.to(dt), p=2, eps=eps, tol=tol, max_iter=2)
+            sinkhorn(x.to(dt), y.to(dt), p=2, eps=eps, tol=tol, max_iter=max_iter)
         msg = str(caught[0].message)
-        assert ("float32 resolves the marginals" in msg and "solve in float64" in msg) == limit, (dt, eps, msg)
-        assert ("raise max_iter, eps (blur) or tol" in msg) != limit, (dt, eps, msg)
+        assert ("float32 resolves the marginals" in msg and "solve in float64" in msg) == (kind == "limit"), msg
+        assert ("raise max_iter, eps (blur) or tol" in msg) == (kind != "limit"), msg
+        assert ("float32 resolves the marginals here only to about" in msg) == (kind != "budget"), msg
     with pytest.warns(ConvergenceWarning, match="float32 resolves"):  # partial OT reads its real points
         sinkhorn(x.float(), y.float(), p=2, eps=0.05**2, tol=1e-6, max_iter=2, mass=0.5)
 
@@ -679,6 +685,24 @@ def test_default_loss_is_samplesloss_and_converges():
     assert float(value) == pytest.approx(float(ref), rel=1e-3)
     loss = SROTLoss("sinkhorn", p=2, blur=0.05, scaling=0.5, debias=True, backend="online")
     assert float(loss(x, y)) == pytest.approx(float(ref), rel=1e-3)
+
+
+def test_online_backend_is_a_streaming_kernel_on_every_device(monkeypatch):
+    """backend='online' names the streaming kernels: 'cpu' for CPU points; on CUDA 'triton', else 'keops', and an
+    ImportError naming them when neither is installed (never the dense 'tensorized' pass). The CUDA points are a
+    stand-in: only their device is read."""
+    import srot_fast.loss as loss_module
+
+    loss = SROTLoss(backend="online")
+    assert loss._backend(torch.zeros(3, 2)) == "cpu"
+    cuda_points = types.SimpleNamespace(device=torch.device("cuda"))
+    for installed, expected in ((["cpu", "tensorized", "keops", "triton"], "triton"),
+                                (["cpu", "tensorized", "keops"], "keops")):
+        monkeypatch.setattr(loss_module, "available_backends", lambda installed=installed: installed)
+        assert loss._backend(cuda_points) == expected
+    monkeypatch.setattr(loss_module, "available_backends", lambda: ["cpu", "tensorized"])
+    with pytest.raises(ImportError, match="backend='online' on CUDA needs .*triton"):
+        loss._backend(cuda_points)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
