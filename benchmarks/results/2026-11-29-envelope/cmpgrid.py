@@ -1,0 +1,9 @@
+import json, sys
+def load(p):
+    d = json.load(open(p)); return {(r["p"], r["penalty"], r["d"], r["ratio"], r["n"], r["offsets"]): r for r in (d["rows"] if isinstance(d, dict) else d)}
+A, B = load(sys.argv[1]), load(sys.argv[2])
+ta = tb = 0
+for k in A:
+    a, b = A[k]["n_iter"], B[k]["n_iter"]; ta += a; tb += b
+    if a != b: print(k, a, "->", b, "conv", B[k]["converged"])
+print("total", ta, "->", tb, "unconverged", sum(not r["converged"] for r in B.values()))
