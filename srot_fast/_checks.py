@@ -186,7 +186,9 @@ def unconverged(max_iter: int, err: float, tol: float, dtype: torch.dtype, eps: 
 
 
 def check_positive(value, name: str, allow_inf: bool = False) -> float:
-    """A positive number (``inf`` allowed only when ``allow_inf``)."""
+    """A positive number (``inf`` allowed only when ``allow_inf``); a string is refused, not parsed."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
     try:
         value = float(value)
     except (TypeError, ValueError):
@@ -195,6 +197,19 @@ def check_positive(value, name: str, allow_inf: bool = False) -> float:
         kind = "a positive number or inf" if allow_inf else "a finite positive number"
         raise ValueError(f"{name} must be {kind}, got {value}")
     return value
+
+
+def check_scaling(scaling) -> float:
+    """The eps-scaling factor, a number in (0, 1)."""
+    if isinstance(scaling, (str, bytes)):
+        raise TypeError(f"scaling must be a number in (0, 1), got {type(scaling).__name__} {scaling!r}")
+    try:
+        s = float(scaling)
+    except (TypeError, ValueError):
+        raise TypeError(f"scaling must be a number in (0, 1), got {type(scaling).__name__}") from None
+    if not 0 < s < 1:
+        raise ValueError(f"scaling must be in (0, 1), got {scaling}")
+    return s
 
 
 def check_flag(value, name: str) -> bool:

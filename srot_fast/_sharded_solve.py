@@ -230,7 +230,7 @@ def _solve(comm: Comm, x, y, a, b, u, v, ns: list, ms: list, *, p, eps, pen_a, p
                 if abs(float(tot[0]) - float(tot[1])) > _checks.mass_rtol(in_dtype) * max(float(tot[0]), float(tot[1])):
                     raise ValueError(
                         f"balanced OT needs a and b of equal total mass (over all ranks), got {float(tot[0]):.6g} "
-                        f"and {float(tot[1]):.6g}; normalise them or use penalty='kl'/'tv'")
+                        f"and {float(tot[1]):.6g}; normalise them or use penalty='kl'/'tv' with a finite tau")
             if self_transport:
                 sol = _loop.symmetric(geom, a1.log(), pen_a, eps_list, tol, max_iter, init, check_every,
                                       value_tol=value_tol)

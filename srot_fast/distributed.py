@@ -149,14 +149,12 @@ def _scalar_checks(penalty, tau, mass, scaling, tol, max_iter, check_every, diam
         if penalty != "balanced":
             raise ValueError("mass (partial OT) needs penalty='balanced'")
         _checks.check_positive(mass, "mass")
-    s = _checks.check_positive(scaling, "scaling")
-    if not s < 1:
-        raise ValueError(f"scaling must be in (0, 1), got {scaling}")
+    _checks.check_scaling(scaling)
     if tol is not None:
         _checks.check_positive(tol, "tol")
     _checks.non_negative_int(max_iter, "max_iter")
     _checks.positive_int(check_every, "check_every", allow_none=True)
-    if diameter is not None and diameter != 0:
+    if diameter is not None:
         _checks.check_positive(diameter, "diameter")
 
 

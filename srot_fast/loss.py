@@ -117,7 +117,8 @@ class SROTLoss(nn.Module):
                 raise ValueError(f"{name}: {_GEOMLOSS_ONLY[name]}")
         if truncate != 5:
             raise ValueError("truncate only acts in GeomLoss's multiscale backend; srot_fast's counterpart, "
-                             "backend='blocksparse' (d <= 3), bounds what it drops itself: leave truncate at 5")
+                             "backend='blocksparse' (d <= 3), bounds what it drops itself: leave truncate at 5 "
+                             "(or use backend='online')")
         self.p = _checks.check_p(p)
         self.blur = _checks.check_positive(blur, "blur")
         self.eps = _checks.power(self.blur, self.p, "blur")
@@ -138,9 +139,7 @@ class SROTLoss(nn.Module):
                 raise ValueError("debias is not defined for partial OT (mass); pass debias=False")
         self.mass = mass
         self.diameter = None if diameter is None else _checks.check_positive(diameter, "diameter")
-        self.scaling = _checks.check_positive(scaling, "scaling")
-        if not self.scaling < 1:
-            raise ValueError(f"scaling must be in (0, 1), got {scaling}")
+        self.scaling = _checks.check_scaling(scaling)
         if backend == "multiscale":
             raise ValueError("backend='multiscale' is GeomLoss's; srot_fast's counterpart is 'blocksparse' (d <= 3: "
                              "skips the block pairs a bound proves negligible), or use 'online' (streaming) or 'auto'")

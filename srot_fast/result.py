@@ -66,7 +66,8 @@ class SinkhornResult:
         """Dense (N, M) plan over real points ((B, N, M) for a batch); refuses above ``max_entries`` entries."""
         geom = self._geom
         if geom.batch * geom.n * geom.m > max_entries:
-            raise ValueError(f"a dense {geom.n} x {geom.m} plan exceeds max_entries={max_entries}; "
+            shape = f"{geom.batch} x {geom.n} x {geom.m}" if self._batched else f"{geom.n} x {geom.m}"
+            raise ValueError(f"a dense {shape} plan exceeds max_entries={max_entries}; "
                              "use row_mass / barycentric_projection instead")
         c = cost_matrix(geom.x, geom.y, geom.p)
         if geom.u is not None:

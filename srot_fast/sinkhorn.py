@@ -123,9 +123,7 @@ def _check_inputs(x, y, a, b, u, v, *, p, eps, backend, precision, autotune, sca
     options = kernel_options(name, precision, autotune)
     x, y = _checks.compute_dtype(x, y, keep_half=name == "triton")  # Triton loads half points as they are
     a, b, u, v = _checks.compute_dtype(a, b, u, v)
-    scaling = _checks.check_positive(scaling, "scaling")
-    if not scaling < 1:
-        raise ValueError(f"scaling must be in (0, 1), got {scaling}")
+    scaling = _checks.check_scaling(scaling)
     tol = None if tol is None else _checks.check_positive(tol, "tol")
     value_tol = None if value_tol is None else _checks.check_positive(value_tol, "value_tol")
     max_iter = _checks.non_negative_int(max_iter, "max_iter")
@@ -166,7 +164,7 @@ def _check_balance(mass_a, mass_b, in_dtype) -> None:
     if bool(gap.any()):
         k = int(gap.nonzero()[0])
         raise ValueError(f"balanced OT needs a and b of equal total mass, got {float(mass_a[k]):.6g} and "
-                         f"{float(mass_b[k]):.6g}; normalise them or use penalty='kl'/'tv'")
+                         f"{float(mass_b[k]):.6g}; normalise them or use penalty='kl'/'tv' with a finite tau")
 
 
 def _check_solution(sol: _loop.Solution, inp: _Inputs, eps: float) -> None:
@@ -352,6 +350,7 @@ def sinkhorn(
             stops when the geometric tail of its rises, d_k r / (1 - r) with r = d_k / d_{k-1}, is
             <= value_tol |value| (a heuristic estimate, docs/DESIGN.md, Solver).
             None (default): the marginal test alone. ``SROTLoss`` uses tol / 10 (1e-4 at its default tol).
+            Not read with ``tol=None`` (no test runs).
         precision: the Triton backend's ``tl.dot`` precision for float32 points with D >= 32: 'tf32x3'
             (fp32-accurate on tensor cores), 'ieee' (fp32 FMA) or 'tf32' (faster, ~1e-4 relative error on
             squared distances; docs/DESIGN.md). None: ``SROT_TRITON_DOT_PRECISION``, else 'tf32x3'. The

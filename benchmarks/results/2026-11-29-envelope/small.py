@@ -1,9 +1,20 @@
-"""Per-problem updates and convergence (run with the tree on PYTHONPATH; ZOB_D etc. read by envelope.patch): 20 uneven 40-59-point problems (tol 1e-4, 1e-8) and 200 tiny problems
-(eps 0.003, 3000 max). Usage: python small.py OUT.json [--plain]"""
-import json, sys, time, warnings
+"""Per-problem updates and convergence: 20 uneven 40-59-point problems (tol 1e-4, 1e-8) and 200 tiny problems
+(eps 0.003, 3000 updates at most). Run with the tree on PYTHONPATH (envelope.patch reads ZOB_D, ZOB_ALL).
+
+    python small.py OUT.json [--plain]
+"""
+import json
+import sys
+import time
+import warnings
+
 import torch
+
 from srot_fast import sinkhorn
-warnings.simplefilter("ignore"); torch.set_num_threads(1)
+
+warnings.simplefilter("ignore")
+torch.set_num_threads(1)
+
 
 def tiny(seed):
     g = torch.Generator().manual_seed(seed)
@@ -12,15 +23,20 @@ def tiny(seed):
     a, b = torch.rand(n, generator=g, dtype=torch.float64), torch.rand(m, generator=g, dtype=torch.float64)
     return x, y, a / a.sum(), b / b.sum()
 
+
 def data(n, m, seed):
     g = torch.Generator().manual_seed(seed)
     d = dict(dtype=torch.float64, generator=g)
-    x = torch.randn(n, 2, **d); y = torch.randn(m, 2, **d) * 0.8 + 0.7
-    a = torch.rand(n, **d) + 0.2; b = torch.rand(m, **d) + 0.2
+    x = torch.randn(n, 2, **d)
+    y = torch.randn(m, 2, **d) * 0.8 + 0.7
+    a = torch.rand(n, **d) + 0.2
+    b = torch.rand(m, **d) + 0.2
     return x, y, a / a.sum(), b / b.sum()
 
+
 acc = "--plain" not in sys.argv
-out = {}; t0 = time.time()
+out = {}
+t0 = time.time()
 for tol in (1e-4, 1e-8):
     rows = []
     for s in range(20):
