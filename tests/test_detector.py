@@ -1,5 +1,5 @@
 """OutlierDetector (paper §3): VAT detection of type-II outliers on the paper's 2-D data, the CE-only
-baseline (printed), determinism, errors, and the hard weights / soft offsets built from its scores."""
+baseline (which misses them), determinism, errors, and the hard weights / soft offsets built from its scores."""
 import functools
 
 import pytest
@@ -51,14 +51,19 @@ def test_vat_detects_type2_outliers_toy():
 
 
 @pytest.mark.slow
-def test_ce_baseline_toy_figures():
-    """SROT-CE baseline: figures printed for the report; only sanity is asserted (it memorises labels)."""
+def test_ce_baseline_misses_what_vat_finds_toy():
+    """SROT-CE baseline (the paper's point): a classifier trained on cross-entropy alone memorises the noisy
+    labels and misses type-II outliers that VAT flags. Seeds 0-4 pooled, both sides: CE finds at most 80 % of
+    them and fewer than VAT (measured 22 of 40 against 40 of 40), and flags no more clean points than 5 %."""
+    ce = vat = n_out = false = n_clean = 0
     for seed in SEEDS:
         d, det = _toy_fit(seed, "ce")
-        found, n_out, false, n_clean = _toy_rates(d, det)
-        print(f"\n[toy seed {seed}] CE:  type-II found {found}/{n_out}, clean flagged {false}/{n_clean}")
-        s = det.predict_proba(d.x)
-        assert s.shape == (75,) and bool(((s >= 0) & (s <= 1)).all())
+        found, n, fl, nc = _toy_rates(d, det)
+        print(f"\n[toy seed {seed}] CE:  type-II found {found}/{n}, clean flagged {fl}/{nc}")
+        ce, n_out, false, n_clean = ce + found, n_out + n, false + fl, n_clean + nc
+        vat += _toy_rates(*_toy_fit(seed, "vat"))[0]
+    assert ce <= 0.8 * n_out and ce < vat
+    assert false <= 0.05 * n_clean
 
 
 @pytest.mark.slow
@@ -99,18 +104,19 @@ def _anisotropic_mixture(seed, dim=32, n=300, kappa=0.1):
 
 
 def test_vat_detects_in_anisotropic_features():
-    """32-D features whose coordinates differ in scale by up to 1e4 (300 + 300 points, 10 % type-II), seeds 0
-    and 1 pooled: >= 90 % of the outliers flagged, <= 5 % of the clean points of both sides (the perturbation
-    lives in standardised units, so no coordinate dominates it)."""
+    """32-D features whose coordinates differ in scale by up to 1e4 (300 + 300 points, 10 % type-II), seeds 0-5
+    pooled (one run finds 25-30 of its 30 outliers): >= 85 % of the outliers flagged (measured 169 of 180, and
+    171 with other detector seeds), <= 5 % of the clean points of both sides (measured 0); the perturbation
+    lives in standardised units, so no coordinate dominates it."""
     found = n_out = false = n_clean = 0
-    for seed in (0, 1):
+    for seed in range(6):
         source, target, is_out = _anisotropic_mixture(seed)
         det = OutlierDetector(seed=seed, progress=False).fit(source, target)
         ms, mt = det.outlier_masks(source, target)
         found, n_out = found + int((ms & is_out).sum()), n_out + int(is_out.sum())
         false, n_clean = false + int((ms & ~is_out).sum() + mt.sum()), n_clean + int((~is_out).sum()) + len(target)
     print(f"\n[anisotropic 32-D] VAT: outliers found {found}/{n_out}, clean flagged {false}/{n_clean}")
-    assert found >= 0.9 * n_out
+    assert found >= 0.85 * n_out
     assert false <= 0.05 * n_clean
 
 

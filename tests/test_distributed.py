@@ -3,8 +3,8 @@
 Each spawn runs many checks (process start-up dominates): every rank solves the whole problem single-process
 (srot_fast.sinkhorn / SROTLoss, the reference) and its own shards with srot_fast.distributed, and compares
 values, potentials, masses, iteration counts and the gradients of its own points, weights and offsets,
-in float64 to 1e-10 (absolute and relative; the weights' gradients of balanced losses up to the constant that
-balanced OT leaves free). Shards are uneven; with 3 ranks one rank holds no point at all,
+in float64 to 1e-10 (absolute and relative; the weights' gradients of balanced losses to 1e-8, up to the
+constant that balanced OT leaves free). Shards are uneven; with 3 ranks one rank holds no point at all,
 and two of the three also solve on a subgroup (group=). A rank that gets bad input must make every rank raise
 the same error. The 2-D flow example runs on 2 ranks. A hang fails the test after TIMEOUT s.
 """
@@ -27,6 +27,9 @@ from srot_fast.experiments import sharded_flow
 
 TIMEOUT = 240  # seconds for one spawn, start-up included (CI machines are slow and shared)
 TOL = dict(rtol=1e-10, atol=1e-10)
+# the weights' gradients of balanced losses, after removing the free constant: a difference of two potentials
+# solved along different summation orders and accelerated paths (measured at up to 0.6e-10 of 1e-10)
+GAUGE_TOL = dict(rtol=1e-8, atol=1e-8)
 
 
 def _free_port() -> int:
@@ -78,8 +81,8 @@ def _data(n: int, m: int, seed: int = 0):
     return x, y, a, b, u, v, s_x, s_y
 
 
-def _close(got, want, what: str) -> None:
-    torch.testing.assert_close(got, want, **TOL, msg=lambda m: f"{what}: {m}")
+def _close(got, want, what: str, tol=TOL) -> None:
+    torch.testing.assert_close(got, want, **tol, msg=lambda m: f"{what}: {m}")
 
 
 def _leaves(*ts):
@@ -168,7 +171,7 @@ def _check_losses(rank, cuts_x, cuts_y, modes, losses):
     for kw in losses:
         # balanced OT leaves its potentials free up to (f + c, g - c), and the weights' gradients with them; a
         # solve picks the c with <a, f> = <b, g>, so two runs whose iterates differ by rounding agree on it to
-        # their tolerance (1e-7 here); what is left after removing c is held to TOL
+        # their tolerance (1e-7 here); what is left after removing c is held to GAUGE_TOL
         gauge = not any(k in kw for k in ("reach", "penalty", "mass"))
         ref_in = _leaves(a, x, b, y)
         scores = (s_x, s_y) if kw.get("strategy") else None
@@ -182,13 +185,13 @@ def _check_losses(rank, cuts_x, cuts_y, modes, losses):
             _close(got.detach(), want.detach(), what + " value")
             shift = {}
             for name, mine, full, sl in zip(("a", "x", "b", "y"), loc, ref_in, (sx, sx, sy, sy)):
-                ref_grad = full.grad[sl]
+                ref_grad, tol = full.grad[sl], TOL
                 if gauge and name in ("a", "b") and mine.grad.numel():
                     shift[name] = float((mine.grad - ref_grad).mean())
-                    ref_grad = ref_grad + shift[name]
-                _close(mine.grad, ref_grad, f"{what} grad {name}")
+                    ref_grad, tol = ref_grad + shift[name], GAUGE_TOL
+                _close(mine.grad, ref_grad, f"{what} grad {name}", tol)
             if len(shift) == 2:  # (f + c, g - c): opposite shifts, small
-                assert abs(shift["a"] + shift["b"]) <= TOL["atol"] and abs(shift["a"]) <= 1e-7, (what, shift)
+                assert abs(shift["a"] + shift["b"]) <= GAUGE_TOL["atol"] and abs(shift["a"]) <= 1e-7, (what, shift)
 
 
 def _expect_same_error(rank, world, fn, kind, text) -> None:

@@ -228,23 +228,27 @@ def test_tv_and_partial_through_the_loss():
 
 
 @pytest.mark.filterwarnings("ignore::srot_fast.ConvergenceWarning")
-@pytest.mark.parametrize("seed", [0, 2])
-def test_default_loss_stops_on_its_value(seed):
-    """SROTLoss() (tol 1e-3, value_tol = tol / 10) stops on the value test at a marginal error of about 1e-2,
-    in fewer updates than the marginal test alone, with the debiased value within 1e-3 relative of a float64
-    solve (measured 4.7e-6 and 9.2e-6 for these seeds, float32; 2.7e-4 and 3.8e-4 before Anderson
-    acceleration)."""
-    gen = torch.Generator().manual_seed(seed)
-    x, y = torch.randn(300, 2, generator=gen), torch.randn(300, 2, generator=gen)
-    y[:, 0] += 0.5
-    loss, marginal_only = SROTLoss(), SROTLoss(value_tol=None)
-    value = float(loss(x, y))
-    marginal_only(x, y)
-    ref = float(SROTLoss(tol=1e-6, value_tol=1e-10, max_iter=5000)(x.double(), y.double()))
-    res = loss.last_result
-    assert res.converged and res.marginal_error > loss.tol  # stopped by the value test
-    assert res.n_iter < marginal_only.last_result.n_iter
-    assert abs(value - ref) <= 1e-3 * abs(ref)
+def test_default_loss_stops_on_its_value():
+    """SROTLoss() (tol 1e-3, value_tol = tol / 10) stops on the value test at a marginal error above tol, in
+    fewer updates than the marginal test alone, with the debiased value within 1e-3 relative of a float64 solve.
+    Pooled over 8 seeds (one seed's counts move by a few updates under rounding-level changes of the data):
+    measured 774 updates against 1072, every seed stopped by the value test, values within 9e-7 to 6e-5."""
+    updates = marginal_updates = by_value = 0
+    for seed in range(8):
+        gen = torch.Generator().manual_seed(seed)
+        x, y = torch.randn(300, 2, generator=gen), torch.randn(300, 2, generator=gen)
+        y[:, 0] += 0.5
+        loss, marginal_only = SROTLoss(), SROTLoss(value_tol=None)
+        value = float(loss(x, y))
+        marginal_only(x, y)
+        ref = float(SROTLoss(tol=1e-6, value_tol=1e-10, max_iter=5000)(x.double(), y.double()))
+        res = loss.last_result
+        assert res.converged and abs(value - ref) <= 1e-3 * abs(ref), seed
+        by_value += res.marginal_error > loss.tol  # stopped by the value test
+        updates += res.n_iter
+        marginal_updates += marginal_only.last_result.n_iter
+    assert by_value >= 6
+    assert updates <= 0.85 * marginal_updates, (updates, marginal_updates)
 
 
 def test_value_tol_is_checked():

@@ -61,7 +61,7 @@ def test_accelerated_reaches_the_same_fixed_point(problem, p):
 @pytest.mark.parametrize("problem", ["balanced", "kl", "tv"])
 def test_acceleration_pays_where_sinkhorn_crawls(problem):
     """p = 2, blur 0.05 on two unit Gaussians one apart: plain updates crawl (thousands); Anderson acceleration
-    needs several times fewer. Margin: at least 4x (measured 10x balanced, 8.1x KL, 5.1x TV)."""
+    needs several times fewer. Margin: at least 4x (measured 9.8x balanced, 9.8x KL, 7.6x TV)."""
     x, y = _gaussians(400)
     kw = dict(p=2, eps=0.05**2, max_iter=20000, backend="cpu", **PROBLEMS[problem])
     plain = sinkhorn(x, y, accelerate=False, **kw)
@@ -327,7 +327,7 @@ def test_acceleration_never_costs_updates_on_easy_problems():
     """The accelerated loop (loose eps-scaling solves, Anderson) against plain updates with one averaged update
     per eps, on easy problems (blur = 0.1 and 0.02 x diameter; every penalty, p = 1 and 2, two seeds): no case
     takes more updates (measured: none; allowed here: two cases one update over, for a threshold crossed on
-    another CPU), and together far fewer (measured 740 against 3132)."""
+    another CPU), and together far fewer (measured 708 against 1566)."""
     plain_total, fast_total, over = 0, 0, []
     for seed in range(2):
         x, y = _gaussians(seed=seed)
@@ -372,7 +372,7 @@ def test_last_loose_solve_is_skipped_on_easy_problems_only(monkeypatch):
             assert float(on.value) == pytest.approx(float(off.value), rel=1e-6)
             saved += int(off.n_iter) - int(on.n_iter)
             off_total += int(off.n_iter)
-    assert saved >= 0.05 * off_total  # measured: 14 of 110
+    assert saved >= 0.05 * off_total  # measured: 9 of 99
     for seed in (1, 2):
         x, y = _gaussians(shift=0.5, seed=seed)
         assert with_near(2.0, hard, x, y) == with_near(0.0, hard, x, y)
@@ -393,8 +393,8 @@ def _offsets_problem(seed: int):
 def test_value_safeguard_pays_on_unbalanced_problems_with_offsets(monkeypatch):
     """Unbalanced and partial OT with cost offsets at p = 2, small blur: the error-only safeguard rejects many
     accelerated steps and the solve crawls. With the dual objective in the test, pooled over partial / KL / TV
-    and three seeds, at most half the updates (n = 300; measured 1400-1459 against 4439-6352 over four
-    rounding-level perturbations of the offsets, times 1 + 1e-15 z) at the same value: both stop at a marginal
+    and three seeds, at most half the updates (n = 300; measured 1479 against 24221, the latter with one KL solve
+    capped at 20000, below) at the same value: both stop at a marginal
     error <= 1e-4, and their values differ by up to 2.4e-6 relative (asserted: 1e-5). Since the KL step along
     (f + c, g - c) the error-only safeguard does not bring one KL problem below 1e-4 in 20000 updates: such a
     solve counts its 20000 updates and its value is not compared.
@@ -437,8 +437,8 @@ def test_safeguard_does_not_cycle_on_a_chaotic_partial_problem():
     """Partial OT with offsets, n = 300, p = 2, blur 0.005 diam (the problem left out above): under
     rounding-level changes of the offsets the safeguard used to fall into a two-step cycle (an overshooting
     proposal from a two-entry history, a restart, again) and 2 of these 4 solves ran past 20000 updates (plain
-    Sinkhorn: 29730). With the restart gap each converges: measured 403-1945 updates (304-2469 over 10 such runs);
-    asserted within 6000."""
+    Sinkhorn: 29730). With the restart gap each converges, in a number of updates that is itself chaotic: 347 to
+    4379 for these 4 (over 36 such runs, 301-549 or 3193-4627); asserted within 15000."""
     x, y, u, v, diam = _offsets_problem(1)
     for k in range(4):
         z = torch.Generator().manual_seed(100 + k)
@@ -446,7 +446,7 @@ def test_safeguard_does_not_cycle_on_a_chaotic_partial_problem():
         with warnings.catch_warnings(), torch_threads(1):
             warnings.simplefilter("ignore", ConvergenceWarning)
             res = sinkhorn(x, y, p=2, eps=(0.005 * diam) ** 2, u=uk, v=vk, scaling=0.5, diameter=diam, tol=1e-4,
-                           max_iter=6000, backend="cpu", mass=0.5)
+                           max_iter=15000, backend="cpu", mass=0.5)
         assert res.marginal_error <= 1e-4, (k, int(res.n_iter))
 
 
