@@ -200,13 +200,11 @@ def check_positive(value, name: str, allow_inf: bool = False) -> float:
 
 
 def check_scaling(scaling) -> float:
-    """The eps-scaling factor, a number in (0, 1)."""
-    if isinstance(scaling, (str, bytes)):
-        raise TypeError(f"scaling must be a number in (0, 1), got {type(scaling).__name__} {scaling!r}")
+    """The eps-scaling factor, a number in (0, 1) (a non-number is a TypeError, as in :func:`check_positive`)."""
     try:
-        s = float(scaling)
-    except (TypeError, ValueError):
-        raise TypeError(f"scaling must be a number in (0, 1), got {type(scaling).__name__}") from None
+        s = check_positive(scaling, "scaling")
+    except ValueError:
+        s = math.nan
     if not 0 < s < 1:
         raise ValueError(f"scaling must be in (0, 1), got {scaling}")
     return s
