@@ -352,7 +352,9 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         t = geom.softmin_y(log_a + f / eps, eps)
         g_hat = pen_b.aprox(t, eps)
         g = stepper.step(g, g_hat, row, done, value)
-        if stepper.proposes and rebalance is None:  # an accelerated g leaves the column marginal off: measured
+        if translate:  # KL: its safeguard proposes no far or resting steps; the columns are measured after its step
+            pass
+        elif stepper.proposes and rebalance is None:  # an accelerated g leaves the column marginal off: measured
             col = marginal_error(log_b, g, t, g_hat, eps, psum) / mass_b
             far = stepper.too_far(col, done) | stepper.resting  # take T(g) instead
             g = torch.where(far[:, None], g_hat, g)
