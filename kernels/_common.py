@@ -157,10 +157,10 @@ def check_operands(
     an error. The cost exponent p must be 1 or 2; N = 0 or M = 0 only with ``allow_empty``. Anything else is a
     ValueError naming the arguments and their shapes.
     """
-    hs = "" if h is None else f", h {tuple(h.shape)}"
     batched = allow_batch and (x.dim() == 3 or y.dim() == 3 or (h is not None and h.dim() == 2))
     if batched:
         if x.dim() != 3 or y.dim() != 3 or (h is not None and h.dim() != 2):
+            hs = "" if h is None else f", h {tuple(h.shape)}"
             raise ValueError("x, y and h must be all unbatched or all batched: x (N, D) | (B, N, D), y (M, D) | "
                              f"(B, M, D), h (M,) | (B, M) expected, got x {tuple(x.shape)}, y {tuple(y.shape)}{hs}")
         if x.shape[0] != y.shape[0] or x.shape[2] != y.shape[2]:

@@ -49,7 +49,7 @@ __all__ = ["Unavailable", "open_or_build", "ABI_VERSION"]
 
 _SRC = Path(__file__).with_name("csrc") / "cpu_ops.cpp"
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c++17", "-shared", "-fPIC"]
-ABI_VERSION = 6  # = srot_abi_version() in csrc/cpu_ops.cpp; bump both when an entry point changes
+ABI_VERSION = 7  # = srot_abi_version() in csrc/cpu_ops.cpp; bump both when an entry point changes
 _TMP_PREFIX = ".srot_build_"  # temporary files of a build: .srot_build_<pid>_<host>_<random><suffix>
 _STALE_S = 3600  # a temporary file this old is removed whatever its pid says
 
@@ -285,6 +285,16 @@ def _declare(lib: ctypes.CDLL) -> None:
     for suf in ("f32", "f64"):
         getattr(lib, f"srot_anderson_{suf}").argtypes = [*([p] * 13), i64, i64, i64, i64, i64, p]
         getattr(lib, f"srot_anderson_{suf}").restype = None
+    # the loop's bookkeeping: marginal error (la, f, s, fhat, nb, n, eps, out), stall watch (err, done, low, flat,
+    # rest, stalls, nb, watch, quit, stall, plain_run), replaced proposals (col, done, best, valid, rest, stalls, nb,
+    # k1, newest, far_limit, by_value, quit, out)
+    for suf in ("f32", "f64"):
+        getattr(lib, f"srot_marginal_error_{suf}").argtypes = [p, p, p, p, i64, i64, dbl, p]
+        getattr(lib, f"srot_marginal_error_{suf}").restype = None
+    lib.srot_track.argtypes = [p, p, p, p, p, p, i64, c_int, c_int, i64, i64]
+    lib.srot_track.restype = None
+    lib.srot_replaced.argtypes = [p, p, p, p, p, p, i64, i64, i64, dbl, c_int, i64, p]
+    lib.srot_replaced.restype = None
 
 
 def open_or_build(timeout_s: float) -> ctypes.CDLL:

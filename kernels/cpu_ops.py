@@ -26,7 +26,9 @@ the whole batch. Memory is O(B (N + M) D) plus a few tens of KB per thread. It u
 ``torch.get_num_threads()`` threads (one below ~1e6 units of work, B N M max(D, 4)).
 
 The same library holds the block-sparse entry points (``srot_bs_*``) of :mod:`srot_fast.kernels.blocksparse`
-and the solver's compiled Anderson step (:func:`anderson_step`).
+and the solver's compiled per-update steps: the Anderson step (:func:`anderson_step`), the marginal error
+(:func:`marginal_error`), the stall watch (:func:`track`) and the test of proposals (:func:`replaced`), each
+beside its torch reference in ``srot_fast/_anderson.py`` or ``srot_fast/_loop.py``.
 How it is built, cached (a private, hash-checked cache) and loaded: :mod:`srot_fast.kernels._cpu_build`.
 
 Fallback (no compiler, failed build, ``SROT_FAST_NO_COMPILE=1``, other dtypes or devices): the
@@ -67,7 +69,11 @@ __all__ = [
     "plan_argmax",
     "max_cost",
     "squared_distances",
+    "softmin_sq",
     "anderson_step",
+    "marginal_error",
+    "track",
+    "replaced",
     "torch_softmin",
     "torch_weighted_mean",
     "torch_plan_argmax",
@@ -138,8 +144,11 @@ def _check(x, y, h=None, p=1) -> Optional[int]:
 def _native(*ts) -> Optional[ctypes.CDLL]:
     """The library when every tensor is a CPU float32/float64 tensor of one dtype, else None."""
     dt = ts[0].dtype
-    if dt not in (torch.float32, torch.float64) or any(t.device.type != "cpu" or t.dtype != dt for t in ts):
+    if dt not in (torch.float32, torch.float64):
         return None
+    for t in ts:
+        if t.dtype != dt or t.device.type != "cpu":
+            return None
     return _load()
 
 
@@ -190,35 +199,47 @@ def softmin(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor, eps: float, p: in
         torch.Size([3, 1000])
     """
     B = _check(x, y, h, p)
-    if sq is not None and (tuple(sq.shape) != (*x.shape[:-1], y.shape[-2]) or sq.dtype != x.dtype
+    if sq is not None and (sq.shape != x.shape[:-1] + y.shape[-2:-1] or sq.dtype != x.dtype
                            or sq.dtype not in (torch.float32, torch.float64) or sq.device != x.device
                            or not sq.is_contiguous()):
         raise ValueError(f"sq: a contiguous float32 / float64 tensor of x's dtype ({x.dtype}), device ({x.device}) "
                          f"and shape {(*x.shape[:-1], y.shape[-2])} expected, got a "
                          f"{'' if sq.is_contiguous() else 'non-contiguous '}{sq.dtype} tensor of shape "
                          f"{tuple(sq.shape)} on {sq.device}")
+    if sq is not None:
+        return softmin_sq(sq, h, eps, p) if B is not None else softmin_sq(sq[None], h[None], eps, p)[0]
     lib = _native(x, y, h)
     if lib is None:
-        if sq is not None and sq.numel() > 0:  # the stored distances, read by torch ops
-            cost = sq.sqrt() if p == 1 else sq / 2
-            return -eps * torch.logsumexp(h[..., None, :] - cost / eps, dim=-1)
         return torch_softmin(x, y, h, eps, p)
     x, y, h = _batched(B, x, y, h)
     out = torch.empty(x.shape[:2], dtype=x.dtype)
-    sq = sq if sq is None or B is not None else sq[None]
     if x.shape[1] == 0 or y.shape[1] == 0:
         out.fill_(float("inf"))
-    elif x.shape[0] > 0 and sq is not None:
-        nb, n, m = sq.shape
-        h = h.detach().contiguous()
-        getattr(lib, f"srot_softmin_sq_{_suffix(x)}")(
-            _ptr(sq), _ptr(h), nb, n, m, n * m, m, p, float(eps), _ptr(out), n, _threads(nb * n, m, 1))
     elif x.shape[0] > 0:
         (x, yt, h), (nb, n, m, d, *strides) = _prep(x, y, h)
         getattr(lib, f"srot_softmin_{_suffix(x)}")(
             _ptr(x), _ptr(yt), _ptr(h), nb, n, m, d, *strides, p, float(eps), _ptr(out), n, _threads(nb * n, m, d)
         )
     return out if B is not None else out[0]
+
+
+def softmin_sq(sq: torch.Tensor, h: torch.Tensor, eps: float, p: int) -> torch.Tensor:
+    """(B, N) :func:`softmin` over stored squared distances: ``softmin(x, y, h, eps, p, sq=sq)`` for batched
+    operands, without the checks of x and y (for the solver's geometry, which made ``sq`` (B, N, M) with
+    :func:`squared_distances`); h (B, M). The compiled pass where sq and h are CPU tensors of one float32 / float64
+    dtype, else torch ops."""
+    nb, n, m = sq.shape
+    if h.shape != (nb, m):
+        raise ValueError(f"h (B, M) = ({nb}, {m}) expected with sq {tuple(sq.shape)}, got {tuple(h.shape)}")
+    lib = _native(sq, h)
+    if lib is None or m == 0 or nb * n == 0:  # the stored distances, read by torch ops (LSE over no column: +inf)
+        cost = sq.sqrt() if p == 1 else sq / 2
+        return -eps * torch.logsumexp(h[..., None, :] - cost / eps, dim=-1)
+    h = h.detach().contiguous()
+    out = torch.empty((nb, n), dtype=sq.dtype)
+    (lib.srot_softmin_sq_f32 if sq.dtype == torch.float32 else lib.srot_softmin_sq_f64)(
+        _ptr(sq), _ptr(h), nb, n, m, n * m, m, p, float(eps), _ptr(out), n, _threads(nb * n, m, 1))
+    return out
 
 
 def squared_distances(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -325,22 +346,80 @@ def anderson_step(g, g_hat, err, done, value, mask, images, resid, inner, valid,
     slot written now. g, g_hat (B, M) float32 or float64; err, value (B,) float64 (value None: no value test);
     done (B,) bool; mask (B, M) float64 contiguous. Call only when :func:`available`."""
     nb, k1, m = images.shape
-    state = {"mask": (mask, torch.float64, (nb, m)), "images": (images, torch.float64, (nb, k1, m)),
-             "resid": (resid, torch.float64, (nb, k1, m)), "inner": (inner, torch.float64, (nb, k1, k1)),
-             "valid": (valid, torch.bool, (nb, k1)), "best": (best, torch.float64, (nb,)),
-             "top": (top, torch.float64, (nb,)), "since": (since, torch.int64, (nb,))}
-    for name, (t, dtype, shape) in state.items():  # written in place or read raw by the C code
-        if t.dtype != dtype or tuple(t.shape) != shape or t.device.type != "cpu" or not t.is_contiguous():
-            raise ValueError(f"anderson_step: {name} must be a contiguous CPU {dtype} tensor of shape {shape}, "
-                             f"got {t.dtype} {tuple(t.shape)} on {t.device}")
-    # contiguous CPU copies where needed, bound to names so that they live through the call
-    g, g_hat = g.detach().cpu().contiguous(), g_hat.detach().cpu().contiguous().to(g.dtype)
-    err = err.detach().cpu().double().contiguous()
-    done = done.detach().cpu().bool().contiguous()
-    value = None if value is None else value.detach().cpu().double().contiguous()
+    f64 = torch.float64
+    for name, t, dtype, shape in (("mask", mask, f64, (nb, m)), ("images", images, f64, (nb, k1, m)),
+                                  ("resid", resid, f64, (nb, k1, m)), ("inner", inner, f64, (nb, k1, k1)),
+                                  ("valid", valid, torch.bool, (nb, k1)), ("best", best, f64, (nb,)),
+                                  ("top", top, f64, (nb,)), ("since", since, torch.int64, (nb,))):
+        _state(f"anderson_step: {name}", t, dtype, shape)  # written in place or read raw by the C code
+    # contiguous copies where needed, bound to names so that they live through the call
+    g = _state("anderson_step: g", g.detach().contiguous(), g.dtype, (nb, m))
+    g_hat = _state("anderson_step: g_hat", g_hat.detach().to(g.dtype).contiguous(), g.dtype, (nb, m))
+    err = _state("anderson_step: err", err.detach().double().contiguous(), torch.float64, (nb,))
+    done = _state("anderson_step: done", done.detach().bool().contiguous(), torch.bool, (nb,))
+    value = None if value is None else _state("anderson_step: value", value.detach().double().contiguous(),
+                                              torch.float64, (nb,))
     out = torch.empty_like(g)
-    getattr(_load(), f"srot_anderson_{_suffix(g)}")(
+    (_load().srot_anderson_f32 if g.dtype == torch.float32 else _load().srot_anderson_f64)(
         _ptr(g), _ptr(g_hat), _ptr(err), None if value is None else _ptr(value), _ptr(done), _ptr(mask),
         _ptr(images), _ptr(resid), _ptr(inner), _ptr(valid), _ptr(best), _ptr(top), _ptr(since), nb, k1, m, w, gap,
         _ptr(out))
+    return out
+
+
+
+def _state(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+    """``t`` itself when it is a contiguous CPU tensor of ``dtype`` and ``shape`` (written in place or read raw by
+    the C code), else a ValueError naming it."""
+    if t.dtype != dtype or t.shape != shape or t.device.type != "cpu" or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous CPU {dtype} tensor of shape {tuple(shape)}, got {t.dtype} "
+                         f"{tuple(t.shape)} on {t.device}")
+    return t
+
+
+def marginal_error(log_a: torch.Tensor, f: torch.Tensor, s: torch.Tensor, f_hat: Optional[torch.Tensor],
+                   eps: float) -> torch.Tensor:
+    r"""(B,) float64 sum_i a_i |exp((f_i - s_i)/eps) - exp((f_hat_i - s_i)/eps)| for (B, N) CPU tensors of one
+    float32 / float64 dtype, computed by the compiled library: :func:`srot_fast._loop.marginal_error` (its
+    torch reference, which documents it) in one call. ``f_hat`` None for balanced OT (f_hat = s). Call only when
+    :func:`available`."""
+    shape, dtype = f.shape, f.dtype
+    if len(shape) != 2 or dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"marginal_error: f must be a (B, N) float32 / float64 tensor, got {dtype} {tuple(shape)}")
+    log_a, f, s, f_hat = (None if t is None else _state(name, t.contiguous(), dtype, shape)
+                          for name, t in (("log_a", log_a), ("f", f), ("s", s), ("f_hat", f_hat)))
+    out = torch.empty(shape[0], dtype=torch.float64)
+    (_load().srot_marginal_error_f32 if dtype == torch.float32 else _load().srot_marginal_error_f64)(
+        _ptr(log_a), _ptr(f), _ptr(s), None if f_hat is None else _ptr(f_hat), shape[0], shape[1], float(eps),
+        _ptr(out))
+    return out
+
+
+def track(err: torch.Tensor, done: torch.Tensor, low, flat, rest, stalls, watch: bool, quit: int, stall: int,
+          plain_run: int) -> None:
+    """The stall watch of :meth:`srot_fast._anderson.Anderson.track` (its torch reference, which documents it) in
+    one call, for contiguous CPU tensors: err (B,) float64, done (B,) bool; the state low (B,) float64, flat, rest,
+    stalls (B,) int64 is updated in place. Call only when :func:`available`."""
+    shape = low.shape
+    for name, t, dtype in (("err", err, torch.float64), ("done", done, torch.bool), ("low", low, torch.float64),
+                           ("flat", flat, torch.int64), ("rest", rest, torch.int64), ("stalls", stalls, torch.int64)):
+        _state(name, t, dtype, shape)
+    _load().srot_track(_ptr(err), _ptr(done), _ptr(low), _ptr(flat), _ptr(rest), _ptr(stalls), shape[0],
+                       int(watch), int(quit), stall, plain_run)
+
+
+def replaced(col: torch.Tensor, done: torch.Tensor, best: torch.Tensor, valid: torch.Tensor, rest: torch.Tensor,
+             stalls: torch.Tensor, newest: int, far_limit: float, by_value: bool, quit: int) -> torch.Tensor:
+    """(B,) bool: the proposals that the loop replaces by T(g), :meth:`srot_fast._anderson.Anderson.replaced` (its
+    torch reference, which documents it) in one call, for contiguous CPU tensors: col, best (B,) float64, done
+    (B,) bool, rest, stalls (B,) int64; valid (B, K) bool keeps only slot ``newest`` where a proposal is too far
+    (in place). Call only when :func:`available`."""
+    shape = best.shape
+    for name, t, dtype in (("col", col, torch.float64), ("done", done, torch.bool), ("best", best, torch.float64),
+                           ("rest", rest, torch.int64), ("stalls", stalls, torch.int64)):
+        _state(name, t, dtype, shape)
+    _state("valid", valid, torch.bool, (shape[0], valid.shape[-1]))
+    out = torch.empty(shape, dtype=torch.bool)
+    _load().srot_replaced(_ptr(col), _ptr(done), _ptr(best), _ptr(valid), _ptr(rest), _ptr(stalls), shape[0],
+                          valid.shape[1], newest, float(far_limit), int(by_value), quit, _ptr(out))
     return out

@@ -6,7 +6,8 @@ f being the exact update A_a(S_x(g)). :class:`Anderson` proposes the next g from
 :class:`Plain` takes T(g) itself (``accelerate=False``). Both work on (B, M) potentials and (B,) per-problem
 state that stays on the device. The torch code of :meth:`Anderson.step` is the reference; with ``native`` (the
 loop sets it for the backends built on the compiled CPU library, ``cpu`` and ``blocksparse``) on CPU tensors of
-an unsharded solve, the same step runs as one call of ``srot_fast.kernels.cpu_ops.anderson_step``.
+an unsharded solve, the same step runs as one call of ``srot_fast.kernels.cpu_ops.anderson_step`` (and the stall
+watch and the test of proposals as calls of its ``track`` and ``replaced``).
 """
 from __future__ import annotations
 
@@ -28,9 +29,15 @@ def _identity(t: torch.Tensor) -> torch.Tensor:
 
 def _cpu_ops():
     """The compiled CPU backend's module (imported on first use, not with the package)."""
-    from .kernels import cpu_ops
+    global _CPU_OPS
+    if _CPU_OPS is None:
+        from .kernels import cpu_ops
 
-    return cpu_ops
+        _CPU_OPS = cpu_ops
+    return _CPU_OPS
+
+
+_CPU_OPS = None
 
 
 class Plain:
@@ -124,6 +131,10 @@ class Anderson:
         they cost updates on the convergence grid."""
         if not (self.watch or self.quit):
             return
+        if self.native:
+            _cpu_ops().track(err, done, self.low, self.flat, self.rest, self.stalls, self.watch, self.quit, STALL,
+                             PLAIN_RUN)
+            return
         better = err <= 0.5 * self.low
         self.low = torch.where(better, err.double(), self.low)
         stalled = ~done & ~better & (self.flat + 1 >= STALL)
@@ -156,6 +167,15 @@ class Anderson:
         newest[:, (self.slot - 1) % (self.depth + 1)] = True
         self.valid.copy_(torch.where(far[:, None], self.valid & newest, self.valid))
         return far
+
+    def replaced(self, col: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        """(B,) bool: the proposals just made that the loop replaces by the plain step T(g): those :meth:`too_far`
+        (whose history it restarts) and those of problems :attr:`resting`. ``native``: one call of the compiled
+        library."""
+        if self.native:
+            return _cpu_ops().replaced(col, done, self.best, self.valid, self.rest, self.stalls,
+                                       (self.slot - 1) % (self.depth + 1), FAR, self.by_value, self.quit)
+        return self.too_far(col, done) | self.resting
 
     def step(self, g, g_hat, err, done, value=None):
         """(B, M) next g from the current g, its image g_hat = T(g), the (B,) row marginal error at g and, when

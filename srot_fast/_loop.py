@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ._anderson import QUIT, RESTART_GAP, Anderson, Plain, _identity
+from ._anderson import QUIT, RESTART_GAP, Anderson, Plain, _cpu_ops, _identity
 from .penalties import Penalty
 
 WINDOW = 8         # updates between two readings of the value test
@@ -69,10 +69,24 @@ def _point_sum(geom):
     return getattr(geom, "point_sum", None) or _local_sum
 
 
-def marginal_error(log_a: torch.Tensor, f, s, f_hat, eps: float, point_sum=_local_sum) -> torch.Tensor:
+def _native(geom, like: torch.Tensor) -> bool:
+    """Whether the loop's per-update bookkeeping (marginal errors, Anderson's step, stall watch and test of
+    proposals) runs in the compiled CPU library: for the backends built on it (``cpu``, ``blocksparse``), CPU tensors
+    and an unsharded geometry (whose sums are local)."""
+    real = getattr(geom, "real", geom)  # partial OT: the geometry of the real points
+    return bool(getattr(getattr(real, "ops", None), "CPU_LIBRARY", False) and like.device.type == "cpu"
+                and _point_sum(geom) is _local_sum and _rank_sum(geom) is _identity and _cpu_ops().available())
+
+
+def marginal_error(log_a: torch.Tensor, f, s, f_hat, eps: float, point_sum=_local_sum,
+                   native: bool = False) -> torch.Tensor:
     r"""(B,) sum_i a_i |exp((f_i - s_i)/eps) - exp((f_hat_i - s_i)/eps)|: L1 gap between the plan's row marginal
     and the one the penalty prescribes (|pi 1 - a| when balanced). Computed in float64 from log-weights,
-    so it does not overflow where float32 exponentials would."""
+    so it does not overflow where float32 exponentials would. ``native`` (see :func:`_native`): the same sums
+    in one call of the compiled library, where log_a, f, s and f_hat share a float32 / float64 dtype."""
+    if native and point_sum is _local_sum and f.dtype in (torch.float32, torch.float64) and s.dtype == f.dtype \
+            and f_hat.dtype == f.dtype and log_a.dtype == f.dtype:
+        return _cpu_ops().marginal_error(log_a, f, s, None if f_hat is s else f_hat, eps)
     la = log_a.double()
     e1 = (la + (f - s).double() / eps).exp()
     e2 = la.exp() if f_hat is s else (la + (f_hat - s).double() / eps).exp()  # balanced: f_hat is s
@@ -203,7 +217,10 @@ class _Checks:
         this update (always at ``max_iter``); None when it does not look."""
         if it < max_iter and not self.due(it):
             return None
-        count, err_max = torch.stack([done.sum().to(err.dtype), err.max()]).tolist()
+        if not self.cuda:  # no synchronisation to save: two reads
+            count, err_max = int(done.sum()), float(err.max())
+        else:
+            count, err_max = torch.stack([done.sum().to(err.dtype), err.max()]).tolist()
         self._schedule(it, err_max, tol)
         return int(count)
 
@@ -244,6 +261,7 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     batch = log_a.shape[0]
     passes = 0
     psum = _point_sum(geom)
+    native = _native(geom, log_a)
     mass_a = psum(log_a.double().exp())
     if init is not None:
         eps = eps_list[-1]
@@ -307,7 +325,6 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         offsets = getattr(real, "u", None) is not None or getattr(real, "v", None) is not None
         by_value = not (pen_a.balanced and pen_b.balanced) or (rebalance is not None and offsets)
         gap = RESTART_GAP if rebalance is not None and offsets else 0
-        native = getattr(getattr(real, "ops", None), "CPU_LIBRARY", False)  # its step compiled there too
         partial = rebalance is not None  # stall watch: rests on balanced OT, quitting on partial OT
         stepper = (Anderson(batch, f, mask, rank_sum=_rank_sum(geom), by_value=by_value, restart_gap=gap,
                             watch=not (partial or by_value), quit=QUIT if partial else 0, native=native)
@@ -324,14 +341,14 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     if col is None and need_t and rebalance is None:  # the first look reads the columns of (f, g) too: one pass,
         # which serves as the final t where the solve stops there (a start, warm or after eps-scaling, is no update)
         t = geom.softmin_y(log_a + f / eps, eps)
-        col = marginal_error(log_b, g, t, pen_b.aprox(t, eps), eps, psum) / mass_b
+        col = marginal_error(log_b, g, t, pen_b.aprox(t, eps), eps, psum, native) / mass_b
         passes += 1
     elif col is None:  # a loose solve, partial OT: the first look reads the rows only
         col = torch.zeros_like(mass_a)
     it = it0 = int(n_iter.max())
     while True:  # ``steps``: updates at the target eps, carried over by _compact (the value test's windows)
         f_hat = pen_a.aprox(s, eps)
-        row = marginal_error(log_a, f, s, f_hat, eps, psum) / mass_a
+        row = marginal_error(log_a, f, s, f_hat, eps, psum, native) / mass_a
         err = row + col
         read = vtest.due(steps)  # the value test and, where by_value, Anderson's safeguard use D
         value = dual_value(log_a, log_b, f_hat, g, s, pen_a, pen_b, eps, psum) if read or stepper.by_value else None
@@ -348,30 +365,31 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
                 return _compact(geom, log_a, log_b, pen_a, pen_b, eps, tol, max_iter - it, accelerate, stepper,
                                 vtest, steps, need_t, check_every, done, f, g, s, t, n_iter, err, col, passes,
                                 checks.syncs)
-        f = torch.where(done[:, None], f, f_hat)
+        idle = n_fin == 0  # no problem done (known where the host looked, every update on CPU): nothing to mask
+        f = f_hat if idle else torch.where(done[:, None], f, f_hat)
         t = geom.softmin_y(log_a + f / eps, eps)
         g_hat = pen_b.aprox(t, eps)
         g = stepper.step(g, g_hat, row, done, value)
         if translate:  # KL: its safeguard proposes no far or resting steps; the columns are measured after its step
             pass
         elif stepper.proposes and rebalance is None:  # an accelerated g leaves the column marginal off: measured
-            col = marginal_error(log_b, g, t, g_hat, eps, psum) / mass_b
-            far = stepper.too_far(col, done) | stepper.resting  # take T(g) instead
+            col = marginal_error(log_b, g, t, g_hat, eps, psum, native) / mass_b
+            far = stepper.replaced(col, done)  # take T(g) instead
             g = torch.where(far[:, None], g_hat, g)
             col = torch.where(far, torch.zeros_like(col), col)
         else:  # g = T(g) (or frozen): exact columns; partial OT reads its rows only
             if stepper.proposes:  # partial OT after a stall: T(g)
                 g = torch.where(stepper.resting[:, None] & ~done[:, None], g_hat, g)
-            col = torch.where(done, col, torch.zeros_like(col))
+            col = torch.zeros_like(col) if idle else torch.where(done, col, torch.zeros_like(col))
         s = geom.softmin_x(log_b + g / eps, eps)
         if rebalance is not None:
             f, g, s = rebalance(f, g, log_b, eps, log_a)
         elif translate:  # the soft-mins shift with the potentials (S_x(g - c) = S_x(g) + c): no pass
             c = torch.where(done, 0.0, kl_translation(pen_a, pen_b, log_a, f, log_b, g, psum)).to(f.dtype)[:, None]
             f, g, s, t = f + c, g - c, s + c, t - c
-            col = torch.where(done, col, marginal_error(log_b, g, t, pen_b.aprox(t, eps), eps, psum) / mass_b)
+            col = torch.where(done, col, marginal_error(log_b, g, t, pen_b.aprox(t, eps), eps, psum, native) / mass_b)
         passes += 2
-        n_iter += (~done).long()
+        n_iter += 1 if idle else (~done).long()
         it += 1
         steps += 1
     if t is None and need_t:  # no update ran: the column soft-min for the final f (g is kept), one pass
@@ -436,6 +454,7 @@ def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optiona
     map contract by (1 - lambda) / 2 instead of lambda."""
     batch = log_a.shape[0]
     psum = _point_sum(geom)
+    native = _native(geom, log_a)
     mass_a = psum(log_a.double().exp())
     passes = 0
     if init is not None:
@@ -468,7 +487,7 @@ def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optiona
         s = geom.softmin_x(log_a + f / eps, eps)
         passes += 1
         f_hat = pen.aprox(s, eps)
-        err = marginal_error(log_a, f, s, f_hat, eps, psum) / mass_a
+        err = marginal_error(log_a, f, s, f_hat, eps, psum, native) / mass_a
         if value_tol is not None and (it - n_done) % WINDOW == 0:
             value = dual_value(log_a, log_a, f_hat, f, s, pen, pen, eps, psum)
             done = done | (vtest.passed(value) & (err <= VALUE_SPAN * tol))

@@ -62,12 +62,15 @@ class Geometry:
 
     def _stored(self, side: int):
         """The (B, N, M) squared distances |x_i - y_j|^2 (``side`` 0) or their (B, M, N) transpose (1), kept for the
-        soft-min passes when the backend reads them (``ops.squared_distances``), on CPU, in float32 / float64, in
-        dimension D >= STORE_MIN_D for B N M <= STORE_PAIRS (2 B N M values at most: 32 MB in float32, 64 MB in
-        float64), or in any dimension for B N M <= STORE_SMALL: in high dimension a pass then reads N M values
-        instead of computing N M distances of D terms, on the smallest problems it skips the per-pass transpose
-        of y (measured: docs/DESIGN.md, Kernel primitive). They are the values the compiled pass computes, so the
-        result is the same. Computed at the first pass of each side (the cost of one pass); None when not kept."""
+        soft-min passes when the backend reads them (``ops.squared_distances``, ``ops.softmin_sq``), on CPU, in
+        float32 / float64, in dimension D >= STORE_MIN_D for B N M <= STORE_PAIRS (2 B N M values at most: 32 MB in
+        float32, 64 MB in float64), or in any dimension for B N M <= STORE_SMALL: in high dimension a pass then reads
+        N M values instead of computing N M distances of D terms, on the smallest problems it skips the per-pass
+        transpose of y (measured: docs/DESIGN.md, Kernel primitive). They are the values the compiled pass
+        computes, so the result is the same. Computed at the first pass of each side (the cost of one pass); None
+        when not kept."""
+        if self._sq is False:
+            return None
         if self._sq is None:
             sq_fn = getattr(self.ops, "squared_distances", None)
             pairs = self.batch * self.n * self.m
@@ -81,12 +84,6 @@ class Geometry:
             self._sq[side] = self._sq[1 - side].transpose(1, 2).contiguous()
         return self._sq[side]
 
-    def _softmin_options(self, side: int) -> dict:
-        """Keyword options of a soft-min pass of ``side`` (0: rows, 1: columns): the backend's, plus the stored
-        distances when kept."""
-        sq = self._stored(side)
-        return self.options if sq is None else dict(self.options, sq=sq)
-
     def release(self) -> None:
         """Frees the stored distances (the passes after this stream)."""
         self._sq = False
@@ -95,14 +92,18 @@ class Geometry:
         """(B, N) -eps * LSE_j[h_j - c'_ij / eps] for column log-weights h (B, M)."""
         if self.v is not None:
             h = h - self.v / eps
-        out = self.ops.softmin(self.x, self.y, h, eps, self.p, **self._softmin_options(0))
+        sq = self._stored(0)
+        out = (self.ops.softmin(self.x, self.y, h, eps, self.p, **self.options) if sq is None
+               else self.ops.softmin_sq(sq, h, eps, self.p))
         return out if self.u is None else out + self.u
 
     def softmin_y(self, h: torch.Tensor, eps: float) -> torch.Tensor:
         """(B, M) -eps * LSE_i[h_i - c'_ij / eps] for row log-weights h (B, N)."""
         if self.u is not None:
             h = h - self.u / eps
-        out = self.ops.softmin(self.y, self.x, h, eps, self.p, **self._softmin_options(1))
+        sq = self._stored(1)
+        out = (self.ops.softmin(self.y, self.x, h, eps, self.p, **self.options) if sq is None
+               else self.ops.softmin_sq(sq, h, eps, self.p))
         return out if self.v is None else out + self.v
 
     def weighted_mean(self, side: str, h: torch.Tensor, eps: float, phi: str) -> torch.Tensor:

@@ -221,6 +221,8 @@ def test_squared_distances_are_exact_and_checked(compiled, monkeypatch):
         cpu_ops.softmin(x, y, h, 1.0, 2, sq=sq.to("meta"))
     with pytest.raises(TypeError, match="squared_distances"):
         cpu_ops.squared_distances(x.half(), y.half())
+    with pytest.raises(ValueError, match=r"h \(B, M\)"):
+        cpu_ops.softmin_sq(sq[None], h[None, :5], 1.0, 2)
 
 
 @pytest.mark.triton

@@ -283,11 +283,87 @@ def test_compiled_anderson_step_equals_the_torch_step(dtype, by_value, gap):
     assert torch.equal(na.valid, ta.valid) and torch.equal(na.since, ta.since)
 
 
+_COMPILED = pytest.mark.skipif(not __import__("srot_fast.kernels.cpu_ops").kernels.cpu_ops.available(),
+                               reason="no compiled kernel")
+
+
+@_COMPILED
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+def test_compiled_marginal_error_equals_the_torch_one(dtype):
+    """The loop's marginal error through the compiled library (``native``) equals its torch reference on (3, 50)
+    potentials, balanced (f_hat is s) and not, with zero weights (log-weight -inf), a NaN and an infinite term:
+    within 1e-12 relative (sums in another order; float32 potentials: the same float32 differences, then float64);
+    and on a non-contiguous f."""
+    from srot_fast._loop import marginal_error
+
+    gen = torch.Generator().manual_seed(0)
+    log_a = torch.randn(3, 50, generator=gen, dtype=F64).log_softmax(-1).to(dtype)
+    log_a[1, :7] = -math.inf
+    f, s, f_hat = (0.1 * torch.randn(3, 50, generator=gen, dtype=F64).to(dtype) for _ in range(3))
+    f[2, 3], f_hat[2, 4] = math.nan, 1e4  # a NaN term counts 0, an infinite one the largest double
+    for fh in (s, f_hat):
+        want = marginal_error(log_a, f, s, fh, 0.01)
+        got = marginal_error(log_a, f, s, fh, 0.01, native=True)
+        assert got.dtype == F64 and got.shape == (3,)
+        torch.testing.assert_close(got[:2], want[:2], rtol=1e-12, atol=0)
+        assert got[2] == want[2] or (fh is s and math.isclose(got[2], want[2], rel_tol=1e-12))
+    f_t = f.T.contiguous().T  # same values, transposed strides
+    torch.testing.assert_close(marginal_error(log_a, f_t, s, s, 0.01, native=True),
+                               marginal_error(log_a, f, s, s, 0.01), rtol=1e-12, atol=0)
+
+
+@_COMPILED
+@pytest.mark.parametrize("watch, quit", [(True, 0), (False, 2)])
+def test_compiled_stall_watch_and_replacement_equal_the_torch_ones(watch, quit):
+    """Anderson's stall watch (``track``) and the loop's test of proposals (``replaced``: too far or resting) in
+    the compiled library equal their torch references, state included, over 400 updates of a batch of 4 whose
+    errors stall, halve, turn NaN or infinite and whose problems finish; with and without ``by_value``."""
+    from srot_fast._anderson import DEPTH, STALL, Anderson
+
+    gen = torch.Generator().manual_seed(1)
+    batch = 4
+    like = torch.zeros(batch, 5, dtype=F64)
+    mask = torch.ones(batch, 5, dtype=torch.bool)
+    steps = []
+    err = torch.ones(batch, dtype=F64)
+    for k in range(400):
+        drop = torch.rand(batch, generator=gen, dtype=F64) < 0.8 / STALL  # rare halvings: stalls happen
+        err = torch.where(drop, err * 0.3, err * (1 + 0.01 * torch.randn(batch, generator=gen, dtype=F64)))
+        e = err.clone()
+        if k % 97 == 5:
+            e[k % batch] = math.nan
+        if k % 89 == 7:
+            e[(k + 1) % batch] = math.inf
+        col = 10.0 ** (8 * torch.rand(batch, generator=gen, dtype=F64))  # some above FAR = 1e6
+        col[k % batch] = math.nan if k % 53 == 0 else col[k % batch]
+        done = torch.rand(batch, generator=gen) < (0.3 if k > 300 else 0.003)
+        steps.append((e, col, done, 0.1 + torch.rand(batch, generator=gen, dtype=F64)))
+    for by_value in (False, True):
+        runs = []
+        for native in (False, True):
+            acc = Anderson(batch, like, mask, by_value=by_value, watch=watch, quit=quit, native=native)
+            assert acc.native == native
+            out = []
+            for k, (e, col, done, best) in enumerate(steps):
+                acc.track(e, done)
+                acc.best.copy_(best)
+                acc.valid.copy_(torch.arange(DEPTH + 1)[None, :] <= (k % (DEPTH + 1)))
+                acc.slot = (k + 1) % (DEPTH + 1)
+                out.append(torch.cat([acc.replaced(col, done).long(), acc.valid.flatten().long(), acc.rest,
+                                      acc.stalls, acc.flat]))
+            runs.append((torch.stack(out), acc.low))
+        (a, low_a), (b, low_b) = runs
+        assert torch.equal(a, b) and torch.equal(low_a, low_b)
+        assert a[:, :batch].any() and not a[:, :batch].all()  # some proposals replaced, not all
+        rest, stalls = a[:, -3 * batch:-2 * batch], a[:, -2 * batch:-batch]
+        assert (rest.max() > 0) if watch else (stalls.max() >= quit)  # the watch acted: rests, or quits
+
+
 @pytest.mark.parametrize("p", [1, 2])
 @pytest.mark.parametrize("d", [2, 16])
 def test_stored_distances_change_nothing_but_speed(p, d, monkeypatch):
     """A small CPU problem (in dimension >= STORE_MIN_D, or of at most STORE_SMALL pairs) keeps its squared
-    distances and every soft-min pass reads them (``sq``): the debiased loss, its gradient and the update count
+    distances and every soft-min pass reads them (``softmin_sq``): the debiased loss, its gradient and the update count
     equal those of the streaming passes."""
     from srot_fast.kernels import cpu_ops
 
@@ -298,13 +374,18 @@ def test_stored_distances_change_nothing_but_speed(p, d, monkeypatch):
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(150, d, generator=gen), torch.randn(120, d, generator=gen) + 0.5
     seen = []
-    softmin = cpu_ops.softmin
+    softmin, softmin_sq = cpu_ops.softmin, cpu_ops.softmin_sq
 
-    def spy(*args, sq=None, **kw):
-        seen.append(sq is not None)
-        return softmin(*args, sq=sq, **kw)
+    def spy(*args, **kw):
+        seen.append(False)
+        return softmin(*args, **kw)
+
+    def spy_sq(*args, **kw):
+        seen.append(True)
+        return softmin_sq(*args, **kw)
 
     monkeypatch.setattr(cpu_ops, "softmin", spy)
+    monkeypatch.setattr(cpu_ops, "softmin_sq", spy_sq)
     runs = []
     for pairs in (geometry.STORE_PAIRS, 0):
         monkeypatch.setattr(geometry, "STORE_PAIRS", pairs)

@@ -605,7 +605,7 @@ void prune_task(int64_t s, Boxes rb, Boxes rs, int64_t nrb, Boxes cb, Boxes cs, 
 extern "C" {
 
 // Version of the entry points below; the loader refuses a library whose version differs from its own.
-int srot_abi_version() { return 6; }
+int srot_abi_version() { return 7; }
 
 // Every entry point takes a batch of nbatch problems of the same sizes (n, m, d): problem b reads
 // x + b * sx (n, d) row-major, yt + b * syt (d, ld) = y transposed with ld = m rounded up to a multiple of
@@ -1036,5 +1036,76 @@ extern "C" {
 
 SROT_DEFINE_ANDERSON(float, f32)
 SROT_DEFINE_ANDERSON(double, f64)
+
+}  // extern "C"
+
+// ---------------------------------------------------------------------------------------------------------------
+// The solver's per-update bookkeeping, srot_fast/_loop.py and srot_fast/_anderson.py (their torch references,
+// which document them): the same arithmetic on CPU tensors in one call each instead of some ten small tensor
+// operations (an update's cost on small problems).
+namespace {
+
+// marginal_error (srot_fast/_loop.py): out[b] = sum_i a_i |exp((f_i - s_i)/eps) - exp((fhat_i - s_i)/eps)|, a_i =
+// exp(la_i), in float64 (the differences f - s in the potentials' dtype, as the reference); fhat null: the
+// balanced case, exp((fhat_i - s_i)/eps) = 1. A NaN term counts 0, an infinite one the largest double (torch's
+// nan_to_num). la, f, s, fhat (nb, n) contiguous.
+template <typename T>
+void marginal_error(const T* la, const T* f, const T* s, const T* fhat, int64_t nb, int64_t n, double eps,
+                    double* out) {
+  const double dmax = std::numeric_limits<double>::max();
+  for (int64_t b = 0; b < nb; ++b) {
+    double acc = 0;
+    for (int64_t i = b * n; i < (b + 1) * n; ++i) {
+      const double l = double(la[i]);
+      const double e1 = std::exp(l + double(T(f[i] - s[i])) / eps);
+      const double e2 = fhat == nullptr ? std::exp(l) : std::exp(l + double(T(fhat[i] - s[i])) / eps);
+      const double v = std::fabs(e1 - e2);
+      acc += std::isnan(v) ? 0.0 : std::min(v, dmax);
+    }
+    out[b] = acc;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+#define SROT_DEFINE_MARGINAL(T, SUF)                                                                        \
+  void srot_marginal_error_##SUF(const T* la, const T* f, const T* s, const T* fhat, int64_t nb,     \
+                                 int64_t n, double eps, double* out) {                                     \
+    marginal_error<T>(la, f, s, fhat, nb, n, eps, out);                                                    \
+  }
+
+SROT_DEFINE_MARGINAL(float, f32)
+SROT_DEFINE_MARGINAL(double, f64)
+
+// Anderson.track (stall watch): state low (nb,) float64, flat, rest, stalls (nb,) int64, updated in place from the
+// (nb,) float64 stopping error err and done; rest is written only with watch, stalls only with quit.
+void srot_track(const double* err, const uint8_t* done, double* low, int64_t* flat, int64_t* rest,
+                int64_t* stalls, int64_t nb, int watch, int quit, int64_t stall, int64_t plain_run) {
+  for (int64_t b = 0; b < nb; ++b) {
+    const bool better = err[b] <= 0.5 * low[b];  // false for a NaN error
+    if (better) low[b] = err[b];
+    const bool stalled = !done[b] && !better && flat[b] + 1 >= stall;
+    flat[b] = (better || done[b] || stalled) ? 0 : flat[b] + 1;
+    if (quit) stalls[b] = better ? 0 : stalls[b] + int64_t(stalled);
+    if (watch) rest[b] = stalled ? plain_run : std::max<int64_t>(rest[b] - 1, 0);
+  }
+}
+
+// Anderson.replaced: out[b] for the problems whose proposal the loop replaces by T(g). Far ones (Anderson.too_far,
+// unless by_value): not done, column error col[b] (float64) NaN or above max(2 best[b], far_limit); their valid
+// slots (nb, k1) keep only slot ``newest``. Resting ones (Anderson.resting): rest[b] > 0, or with quit > 0
+// stalls[b] >= quit.
+void srot_replaced(const double* col, const uint8_t* done, const double* best, uint8_t* valid, const int64_t* rest,
+                   const int64_t* stalls, int64_t nb, int64_t k1, int64_t newest, double far_limit, int by_value,
+                   int64_t quit, uint8_t* out) {
+  for (int64_t b = 0; b < nb; ++b) {
+    const bool far = !by_value && !done[b] && !(col[b] <= std::max(2 * best[b], far_limit));
+    if (far)
+      for (int64_t i = 0; i < k1; ++i) valid[b * k1 + i] = valid[b * k1 + i] && i == newest;
+    out[b] = far || rest[b] > 0 || (quit > 0 && stalls[b] >= quit);
+  }
+}
 
 }  // extern "C"
