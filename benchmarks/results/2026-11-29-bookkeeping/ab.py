@@ -1,0 +1,37 @@
+"""SROTLoss() and geomloss.SamplesLoss() (both defaults), loss + gradient, one thread, two unit Gaussians 0.5
+apart, n = 32 to 1000: best of 9 after a warm-up round, interleaved; one JSON line per size with the times,
+SROTLoss's updates and value. Run as PYTHONPATH=PKG python ab.py LABEL, PKG holding the srot_fast to time
+(for another revision: a copy of its srot_fast/ with a link srot_fast/kernels -> its kernels/, see run.sh)."""
+import json
+import sys
+import time
+import warnings
+
+import geomloss
+import torch
+
+import srot_fast
+from srot_fast import SROTLoss
+from srot_fast.kernels import cpu_ops
+
+warnings.simplefilter("ignore")
+torch.set_num_threads(1)
+for n, d in [(32, 2), (64, 2), (256, 2), (256, 64), (1000, 2), (1000, 64)]:
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(n, d, generator=gen), torch.randn(n, d, generator=gen)
+    y[:, 0] += 0.5
+    losses = {"srot": SROTLoss(), "geomloss": geomloss.SamplesLoss()}
+    best = dict.fromkeys(losses, float("inf"))
+    for rep in range(10):
+        for name, loss in losses.items():
+            xg = x.clone().requires_grad_()
+            t0 = time.perf_counter()
+            value = loss(xg, y)
+            value.backward()
+            if rep:
+                best[name] = min(best[name], time.perf_counter() - t0)
+            if name == "srot":
+                v = float(value)
+    print(json.dumps(dict(label=sys.argv[1], n=n, d=d, srot_ms=best["srot"] * 1e3, geomloss_ms=best["geomloss"] * 1e3,
+                          updates=int(losses["srot"].last_result.n_iter), value=v, srot=srot_fast.__file__,
+                          kernels=cpu_ops.__file__)), flush=True)
