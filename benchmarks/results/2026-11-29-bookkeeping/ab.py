@@ -9,10 +9,10 @@ import warnings
 
 import geomloss
 import torch
+from srot_fast.kernels import cpu_ops
 
 import srot_fast
 from srot_fast import SROTLoss
-from srot_fast.kernels import cpu_ops
 
 warnings.simplefilter("ignore")
 torch.set_num_threads(1)
