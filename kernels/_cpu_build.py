@@ -49,7 +49,7 @@ __all__ = ["Unavailable", "open_or_build", "ABI_VERSION"]
 
 _SRC = Path(__file__).with_name("csrc") / "cpu_ops.cpp"
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c++17", "-shared", "-fPIC"]
-ABI_VERSION = 7  # = srot_abi_version() in csrc/cpu_ops.cpp; bump both when an entry point changes
+ABI_VERSION = 8  # = srot_abi_version() in csrc/cpu_ops.cpp; bump both when an entry point changes
 _TMP_PREFIX = ".srot_build_"  # temporary files of a build: .srot_build_<pid>_<host>_<random><suffix>
 _STALE_S = 3600  # a temporary file this old is removed whatever its pid says
 
@@ -291,6 +291,13 @@ def _declare(lib: ctypes.CDLL) -> None:
     for suf in ("f32", "f64"):
         getattr(lib, f"srot_marginal_error_{suf}").argtypes = [p, p, p, p, i64, i64, dbl, p]
         getattr(lib, f"srot_marginal_error_{suf}").restype = None
+        # dual objective: la, lb, fhat, g, s, nb, n, m, kind_a, tau_a, kind_b, tau_b, eps, out
+        getattr(lib, f"srot_dual_value_{suf}").argtypes = [p, p, p, p, p, i64, i64, i64, c_int, dbl, c_int, dbl, dbl,
+                                                           p]
+        getattr(lib, f"srot_dual_value_{suf}").restype = None
+        # KL translation: la, f, lb, g, nb, n, m, rate_a, rate_b, out
+        getattr(lib, f"srot_kl_translation_{suf}").argtypes = [p, p, p, p, i64, i64, i64, dbl, dbl, p]
+        getattr(lib, f"srot_kl_translation_{suf}").restype = None
     lib.srot_track.argtypes = [p, p, p, p, p, p, i64, c_int, c_int, i64, i64]
     lib.srot_track.restype = None
     lib.srot_replaced.argtypes = [p, p, p, p, p, p, i64, i64, i64, dbl, c_int, i64, p]

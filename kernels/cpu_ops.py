@@ -27,7 +27,8 @@ the whole batch. Memory is O(B (N + M) D) plus a few tens of KB per thread. It u
 
 The same library holds the block-sparse entry points (``srot_bs_*``) of :mod:`srot_fast.kernels.blocksparse`
 and the solver's compiled per-update steps: the Anderson step (:func:`anderson_step`), the marginal error
-(:func:`marginal_error`), the stall watch (:func:`track`) and the test of proposals (:func:`replaced`), each
+(:func:`marginal_error`), the dual objective (:func:`dual_value`), the KL translation (:func:`kl_translation`),
+the stall watch (:func:`track`) and the test of proposals (:func:`replaced`), each
 beside its torch reference in ``srot_fast/_anderson.py`` or ``srot_fast/_loop.py``.
 How it is built, cached (a private, hash-checked cache) and loaded: :mod:`srot_fast.kernels._cpu_build`.
 
@@ -72,6 +73,8 @@ __all__ = [
     "softmin_sq",
     "anderson_step",
     "marginal_error",
+    "dual_value",
+    "kl_translation",
     "track",
     "replaced",
     "torch_softmin",
@@ -347,18 +350,20 @@ def anderson_step(g, g_hat, err, done, value, mask, images, resid, inner, valid,
     done (B,) bool; mask (B, M) float64 contiguous. Call only when :func:`available`."""
     nb, k1, m = images.shape
     f64 = torch.float64
-    for name, t, dtype, shape in (("mask", mask, f64, (nb, m)), ("images", images, f64, (nb, k1, m)),
-                                  ("resid", resid, f64, (nb, k1, m)), ("inner", inner, f64, (nb, k1, k1)),
-                                  ("valid", valid, torch.bool, (nb, k1)), ("best", best, f64, (nb,)),
-                                  ("top", top, f64, (nb,)), ("since", since, torch.int64, (nb,))):
-        _state(f"anderson_step: {name}", t, dtype, shape)  # written in place or read raw by the C code
+    for name, t, dtype, shape in (("anderson_step: mask", mask, f64, (nb, m)),
+                                  ("anderson_step: images", images, f64, (nb, k1, m)),
+                                  ("anderson_step: resid", resid, f64, (nb, k1, m)),
+                                  ("anderson_step: inner", inner, f64, (nb, k1, k1)),
+                                  ("anderson_step: valid", valid, torch.bool, (nb, k1)),
+                                  ("anderson_step: best", best, f64, (nb,)), ("anderson_step: top", top, f64, (nb,)),
+                                  ("anderson_step: since", since, torch.int64, (nb,))):
+        _state(name, t, dtype, shape)  # written in place or read raw by the C code
     # contiguous copies where needed, bound to names so that they live through the call
-    g = _state("anderson_step: g", g.detach().contiguous(), g.dtype, (nb, m))
-    g_hat = _state("anderson_step: g_hat", g_hat.detach().to(g.dtype).contiguous(), g.dtype, (nb, m))
-    err = _state("anderson_step: err", err.detach().double().contiguous(), torch.float64, (nb,))
-    done = _state("anderson_step: done", done.detach().bool().contiguous(), torch.bool, (nb,))
-    value = None if value is None else _state("anderson_step: value", value.detach().double().contiguous(),
-                                              torch.float64, (nb,))
+    g = _state("anderson_step: g", g.contiguous(), g.dtype, (nb, m))
+    g_hat = _state("anderson_step: g_hat", g_hat.to(g.dtype).contiguous(), g.dtype, (nb, m))
+    err = _state("anderson_step: err", err.double().contiguous(), f64, (nb,))
+    done = _state("anderson_step: done", done.bool().contiguous(), torch.bool, (nb,))
+    value = None if value is None else _state("anderson_step: value", value.double().contiguous(), f64, (nb,))
     out = torch.empty_like(g)
     (_load().srot_anderson_f32 if g.dtype == torch.float32 else _load().srot_anderson_f64)(
         _ptr(g), _ptr(g_hat), _ptr(err), None if value is None else _ptr(value), _ptr(done), _ptr(mask),
@@ -392,6 +397,45 @@ def marginal_error(log_a: torch.Tensor, f: torch.Tensor, s: torch.Tensor, f_hat:
     (_load().srot_marginal_error_f32 if dtype == torch.float32 else _load().srot_marginal_error_f64)(
         _ptr(log_a), _ptr(f), _ptr(s), None if f_hat is None else _ptr(f_hat), shape[0], shape[1], float(eps),
         _ptr(out))
+    return out
+
+
+_KINDS = {"balanced": 0, "kl": 1, "tv": 2}  # penalty kinds of srot_fast.penalties, as the C code numbers them
+
+
+def dual_value(log_a: torch.Tensor, log_b: torch.Tensor, f_hat: torch.Tensor, g: torch.Tensor, s: torch.Tensor,
+               kind_a: str, tau_a: float, kind_b: str, tau_b: float, eps: float) -> torch.Tensor:
+    r"""(B,) float64 dual objective of :func:`srot_fast._loop.dual_value` (its torch reference, which documents it)
+    in one call of the compiled library: log_a, f_hat, s (B, N) and log_b, g (B, M) CPU tensors of one float32 /
+    float64 dtype; each side's penalty as its kind ('balanced', 'kl', 'tv') and tau. Call only when
+    :func:`available`."""
+    dtype, (nb, n), m = f_hat.dtype, f_hat.shape, g.shape[-1]
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"dual_value: float32 / float64 potentials expected, got {dtype}")
+    log_a, f_hat, s = (_state(name, t.contiguous(), dtype, (nb, n)) for name, t in (("log_a", log_a),
+                                                                                    ("f_hat", f_hat), ("s", s)))
+    log_b, g = (_state(name, t.contiguous(), dtype, (nb, m)) for name, t in (("log_b", log_b), ("g", g)))
+    out = torch.empty(nb, dtype=torch.float64)
+    (_load().srot_dual_value_f32 if dtype == torch.float32 else _load().srot_dual_value_f64)(
+        _ptr(log_a), _ptr(log_b), _ptr(f_hat), _ptr(g), _ptr(s), nb, n, m, _KINDS[kind_a], float(tau_a),
+        _KINDS[kind_b], float(tau_b), float(eps), _ptr(out))
+    return out
+
+
+def kl_translation(log_a: torch.Tensor, f: torch.Tensor, log_b: torch.Tensor, g: torch.Tensor, rate_a: float,
+                   rate_b: float) -> torch.Tensor:
+    r"""(B,) float64 step c along (f + c, g - c) of :func:`srot_fast._loop.kl_translation` (its torch reference,
+    which documents it) in one call of the compiled library: log_a, f (B, N) and log_b, g (B, M) CPU tensors of
+    one float32 / float64 dtype; rate = 1 / tau on each side (0 on a balanced side). Call only when
+    :func:`available`."""
+    dtype, (nb, n), m = f.dtype, f.shape, g.shape[-1]
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"kl_translation: float32 / float64 potentials expected, got {dtype}")
+    log_a, f = (_state(name, t.contiguous(), dtype, (nb, n)) for name, t in (("log_a", log_a), ("f", f)))
+    log_b, g = (_state(name, t.contiguous(), dtype, (nb, m)) for name, t in (("log_b", log_b), ("g", g)))
+    out = torch.empty(nb, dtype=torch.float64)
+    (_load().srot_kl_translation_f32 if dtype == torch.float32 else _load().srot_kl_translation_f64)(
+        _ptr(log_a), _ptr(f), _ptr(log_b), _ptr(g), nb, n, m, float(rate_a), float(rate_b), _ptr(out))
     return out
 
 

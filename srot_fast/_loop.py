@@ -70,12 +70,18 @@ def _point_sum(geom):
 
 
 def _native(geom, like: torch.Tensor) -> bool:
-    """Whether the loop's per-update bookkeeping (marginal errors, Anderson's step, stall watch and test of
-    proposals) runs in the compiled CPU library: for the backends built on it (``cpu``, ``blocksparse``), CPU tensors
-    and an unsharded geometry (whose sums are local)."""
+    """Whether the loop's per-update bookkeeping (marginal errors, dual objective, KL translation, Anderson's step,
+    stall watch and test of proposals) runs in the compiled CPU library: for the backends built on it (``cpu``,
+    ``blocksparse``), CPU tensors and an unsharded geometry (whose sums are local)."""
     real = getattr(geom, "real", geom)  # partial OT: the geometry of the real points
     return bool(getattr(getattr(real, "ops", None), "CPU_LIBRARY", False) and like.device.type == "cpu"
                 and _point_sum(geom) is _local_sum and _rank_sum(geom) is _identity and _cpu_ops().available())
+
+
+def _one_dtype(*ts) -> bool:
+    """Whether the tensors share one float32 / float64 dtype (what the compiled bookkeeping reads)."""
+    dtype = ts[0].dtype
+    return dtype in (torch.float32, torch.float64) and all(t.dtype == dtype for t in ts)
 
 
 def marginal_error(log_a: torch.Tensor, f, s, f_hat, eps: float, point_sum=_local_sum,
@@ -84,8 +90,7 @@ def marginal_error(log_a: torch.Tensor, f, s, f_hat, eps: float, point_sum=_loca
     and the one the penalty prescribes (|pi 1 - a| when balanced). Computed in float64 from log-weights,
     so it does not overflow where float32 exponentials would. ``native`` (see :func:`_native`): the same sums
     in one call of the compiled library, where log_a, f, s and f_hat share a float32 / float64 dtype."""
-    if native and point_sum is _local_sum and f.dtype in (torch.float32, torch.float64) and s.dtype == f.dtype \
-            and f_hat.dtype == f.dtype and log_a.dtype == f.dtype:
+    if native and point_sum is _local_sum and _one_dtype(log_a, f, s, f_hat):
         return _cpu_ops().marginal_error(log_a, f, s, None if f_hat is s else f_hat, eps)
     la = log_a.double()
     e1 = (la + (f - s).double() / eps).exp()
@@ -94,9 +99,12 @@ def marginal_error(log_a: torch.Tensor, f, s, f_hat, eps: float, point_sum=_loca
 
 
 def dual_value(log_a, log_b, f_hat, g, s, pen_a: Penalty, pen_b: Penalty, eps: float,
-               point_sum=_local_sum) -> torch.Tensor:
+               point_sum=_local_sum, native: bool = False) -> torch.Tensor:
     r"""(B,) float64 dual objective at (f_hat, g), f_hat = A_a(s) the exact row update for g (s = S_x(g)):
-    <a, phi_a(f_hat)> + <b, phi_b(g)> - eps (<pi, 1> - |a| |b|). Zero weights contribute nothing."""
+    <a, phi_a(f_hat)> + <b, phi_b(g)> - eps (<pi, 1> - |a| |b|). Zero weights contribute nothing. ``native``
+    (see :func:`_native`): the same sums in one call of the compiled library."""
+    if native and point_sum is _local_sum and _one_dtype(log_a, log_b, f_hat, g, s):
+        return _cpu_ops().dual_value(log_a, log_b, f_hat, g, s, pen_a.kind, pen_a.tau, pen_b.kind, pen_b.tau, eps)
     a, b = log_a.double().exp(), log_b.double().exp()
     fh, gd = f_hat.double(), g.double()
     rows = torch.stack([(a * ((fh - s.double()) / eps).exp()).nan_to_num(nan=0.0),
@@ -107,7 +115,8 @@ def dual_value(log_a, log_b, f_hat, g, s, pen_a: Penalty, pen_b: Penalty, eps: f
     return side_a + side_b - eps * (plan - mass_a * mass_b)
 
 
-def kl_translation(pen_a: Penalty, pen_b: Penalty, log_a, f, log_b, g, point_sum=_local_sum) -> torch.Tensor:
+def kl_translation(pen_a: Penalty, pen_b: Penalty, log_a, f, log_b, g, point_sum=_local_sum,
+                   native: bool = False) -> torch.Tensor:
     r"""(B,) float64 c maximising the dual objective along (f + c, g - c) when a side has a KL penalty (one side
     may be balanced). The plan, exp((f_i + g_j - C_ij)/eps), does not change along that line, so the dual moves
     by <a, phi_a(f + c)> + <b, phi_b(g - c)> only, with phi(f) = tau (1 - exp(-f/tau)) (balanced: phi(f) = f):
@@ -116,7 +125,11 @@ def kl_translation(pen_a: Penalty, pen_b: Penalty, log_a, f, log_b, g, point_sum
     The translation-invariant Sinkhorn of Séjourné et al.: it removes the slow drift of the total mass that
     alternating updates correct only by eps / (eps + tau) per update. Zero weights count for nothing; the sums
     are ``point_sum`` (all ranks of a sharded geometry), centred at the weighted mean potential; a sum that
-    overflows gives c = 0."""
+    overflows gives c = 0. ``native`` (see :func:`_native`): the same sums in one call of the compiled library."""
+    if native and point_sum is _local_sum and _one_dtype(log_a, f, log_b, g):
+        return _cpu_ops().kl_translation(log_a, f, log_b, g, 0.0 if pen_a.balanced else 1.0 / pen_a.tau,
+                                         0.0 if pen_b.balanced else 1.0 / pen_b.tau)
+
     def log_mass(log_w, pot, pen):
         w = log_w.double().exp()
         pot = torch.where(w > 0, pot.double(), torch.zeros_like(w))
@@ -351,7 +364,8 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         row = marginal_error(log_a, f, s, f_hat, eps, psum, native) / mass_a
         err = row + col
         read = vtest.due(steps)  # the value test and, where by_value, Anderson's safeguard use D
-        value = dual_value(log_a, log_b, f_hat, g, s, pen_a, pen_b, eps, psum) if read or stepper.by_value else None
+        value = (dual_value(log_a, log_b, f_hat, g, s, pen_a, pen_b, eps, psum, native) if read or stepper.by_value
+                 else None)
         if read:
             done = done | (vtest.passed(value) & (err <= VALUE_SPAN * tol))
         done = done | (err <= (tol if enter_tol is None or it > it0 else max(tol, enter_tol)))
@@ -385,7 +399,8 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         if rebalance is not None:
             f, g, s = rebalance(f, g, log_b, eps, log_a)
         elif translate:  # the soft-mins shift with the potentials (S_x(g - c) = S_x(g) + c): no pass
-            c = torch.where(done, 0.0, kl_translation(pen_a, pen_b, log_a, f, log_b, g, psum)).to(f.dtype)[:, None]
+            c = kl_translation(pen_a, pen_b, log_a, f, log_b, g, psum, native)
+            c = torch.where(done, 0.0, c).to(f.dtype)[:, None]
             f, g, s, t = f + c, g - c, s + c, t - c
             col = torch.where(done, col, marginal_error(log_b, g, t, pen_b.aprox(t, eps), eps, psum, native) / mass_b)
         passes += 2
@@ -489,7 +504,7 @@ def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optiona
         f_hat = pen.aprox(s, eps)
         err = marginal_error(log_a, f, s, f_hat, eps, psum, native) / mass_a
         if value_tol is not None and (it - n_done) % WINDOW == 0:
-            value = dual_value(log_a, log_a, f_hat, f, s, pen, pen, eps, psum)
+            value = dual_value(log_a, log_a, f_hat, f, s, pen, pen, eps, psum, native)
             done = done | (vtest.passed(value) & (err <= VALUE_SPAN * tol))
         done = done | (err <= tol)
         n_fin = checks.poll(it, max_iter, done, err, tol)

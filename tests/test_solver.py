@@ -313,6 +313,39 @@ def test_compiled_marginal_error_equals_the_torch_one(dtype):
 
 
 @_COMPILED
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+@pytest.mark.parametrize("kinds", [("kl", "kl"), ("kl", "balanced"), ("balanced", "tv"), ("tv", "kl")])
+def test_compiled_dual_value_and_kl_translation_equal_the_torch_ones(dtype, kinds):
+    """The dual objective and the KL translation through the compiled library (``native``) equal their torch
+    references on (3, 40) x (3, 30) potentials for each pair of penalties, with zero weights and, in one problem,
+    a NaN potential (its terms count 0) or a translation that overflows (c = 0): within 1e-12 relative (float64
+    sums in another order)."""
+    from srot_fast._loop import dual_value, kl_translation
+    from srot_fast.penalties import Penalty
+
+    gen = torch.Generator().manual_seed(0)
+    pen_a, pen_b = Penalty(kinds[0], 0.7), Penalty(kinds[1], 1.3)
+    log_a = torch.randn(3, 40, generator=gen, dtype=F64).log_softmax(-1).to(dtype)
+    log_b = torch.randn(3, 30, generator=gen, dtype=F64).log_softmax(-1).to(dtype)
+    log_a[1, :5] = -math.inf
+    log_b[0, -3:] = -math.inf
+    f_hat, s = (0.3 * torch.randn(3, 40, generator=gen, dtype=F64).to(dtype) for _ in range(2))
+    g = 0.3 * torch.randn(3, 30, generator=gen, dtype=F64).to(dtype)
+    f_hat[2, 7] = math.nan
+    for args in ((log_a, log_b, f_hat, g, s, pen_a, pen_b, 0.05), (log_a, log_a, f_hat, f_hat, s, pen_a, pen_a, 0.05)):
+        want, got = dual_value(*args), dual_value(*args, native=True)
+        assert got.dtype == F64 and got.shape == (3,)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15)
+    if "kl" in kinds:
+        f = f_hat.nan_to_num(0.0)
+        f[2, :] = 1e5 * (1 + torch.arange(40, dtype=dtype))  # exp(-f / tau) underflows: log A = -inf, c = 0
+        want, got = kl_translation(pen_a, pen_b, log_a, f, log_b, g), kl_translation(pen_a, pen_b, log_a, f, log_b, g,
+                                                                                     native=True)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15)
+        assert got[2] == want[2]
+
+
+@_COMPILED
 @pytest.mark.parametrize("watch, quit", [(True, 0), (False, 2)])
 def test_compiled_stall_watch_and_replacement_equal_the_torch_ones(watch, quit):
     """Anderson's stall watch (``track``) and the loop's test of proposals (``replaced``: too far or resting) in

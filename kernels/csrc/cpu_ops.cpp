@@ -605,7 +605,7 @@ void prune_task(int64_t s, Boxes rb, Boxes rs, int64_t nrb, Boxes cb, Boxes cs, 
 extern "C" {
 
 // Version of the entry points below; the loader refuses a library whose version differs from its own.
-int srot_abi_version() { return 7; }
+int srot_abi_version() { return 8; }
 
 // Every entry point takes a batch of nbatch problems of the same sizes (n, m, d): problem b reads
 // x + b * sx (n, d) row-major, yt + b * syt (d, ld) = y transposed with ld = m rounded up to a multiple of
@@ -1066,9 +1066,91 @@ void marginal_error(const T* la, const T* f, const T* s, const T* fhat, int64_t 
   }
 }
 
+// torch's nan_to_num(nan=0.0): NaN -> 0, +-inf -> +-largest double
+inline double nan_to_num(double v) {
+  const double dmax = std::numeric_limits<double>::max();
+  return std::isnan(v) ? 0.0 : std::max(-dmax, std::min(dmax, v));
+}
+
+// Penalty.phi (srot_fast/penalties.py) of kind 0 balanced (f), 1 KL (tau (1 - exp(-f/tau))), 2 TV (min(f, tau));
+// NaN stays NaN
+inline double phi(int kind, double tau, double f) {
+  if (kind == 1) return -tau * std::expm1(-f / tau);
+  if (kind == 2) return f > tau ? tau : f;
+  return f;
+}
+
+// dual_value (srot_fast/_loop.py): out[b] = <a, phi_a(fhat)> + <b, phi_b(g)> - eps (<pi, 1> - |a| |b|), <pi, 1> =
+// sum_i a_i exp((fhat_i - s_i)/eps), a = exp(la), b = exp(lb), all in float64, NaN terms 0 (as the reference's
+// nan_to_num). la, fhat, s (nb, n); lb, g (nb, m); contiguous.
+template <typename T>
+void dual_value(const T* la, const T* lb, const T* fhat, const T* g, const T* s, int64_t nb, int64_t n, int64_t m,
+                int kind_a, double tau_a, int kind_b, double tau_b, double eps, double* out) {
+  for (int64_t b = 0; b < nb; ++b) {
+    double plan = 0, side_a = 0, mass_a = 0, side_b = 0, mass_b = 0;
+    for (int64_t i = b * n; i < (b + 1) * n; ++i) {
+      const double a = std::exp(double(la[i])), fd = double(fhat[i]);
+      plan += nan_to_num(a * std::exp((fd - double(s[i])) / eps));
+      side_a += nan_to_num(a * phi(kind_a, tau_a, fd));
+      mass_a += a;
+    }
+    for (int64_t j = b * m; j < (b + 1) * m; ++j) {
+      const double w = std::exp(double(lb[j]));
+      side_b += nan_to_num(w * phi(kind_b, tau_b, double(g[j])));
+      mass_b += w;
+    }
+    out[b] = side_a + side_b - eps * (plan - mass_a * mass_b);
+  }
+}
+
+// One side of kl_translation (srot_fast/_loop.py): log <w, exp(-pot rate)> (rate 0: log |w|), centred at the
+// weighted mean potential; zero weights count for nothing.
+template <typename T> double log_mass(const T* lw, const T* pot, int64_t len, double rate) {
+  double sw = 0, swp = 0;
+  for (int64_t i = 0; i < len; ++i) {
+    const double w = std::exp(double(lw[i]));
+    sw += w;
+    swp += w * (w > 0 ? double(pot[i]) : 0.0);
+  }
+  if (rate == 0) return std::log(sw);
+  const double mean = swp / sw;
+  double acc = 0;
+  for (int64_t i = 0; i < len; ++i) {
+    const double w = std::exp(double(lw[i]));
+    acc += w * std::exp(-((w > 0 ? double(pot[i]) : 0.0) - mean) * rate);
+  }
+  return std::log(acc) - mean * rate;
+}
+
+// kl_translation: out[b] = (log A - log B) / (rate_a + rate_b), 0 where that is not finite. la, f (nb, n); lb, g
+// (nb, m); contiguous; rate 0 on a balanced side.
+template <typename T>
+void kl_translation(const T* la, const T* f, const T* lb, const T* g, int64_t nb, int64_t n, int64_t m,
+                    double rate_a, double rate_b, double* out) {
+  for (int64_t b = 0; b < nb; ++b) {
+    const double c = (log_mass(la + b * n, f + b * n, n, rate_a) - log_mass(lb + b * m, g + b * m, m, rate_b)) /
+                     (rate_a + rate_b);
+    out[b] = std::isfinite(c) ? c : 0.0;
+  }
+}
+
 }  // namespace
 
 extern "C" {
+
+#define SROT_DEFINE_DUAL(T, SUF)                                                                            \
+  void srot_dual_value_##SUF(const T* la, const T* lb, const T* fhat, const T* g, const T* s, int64_t nb,  \
+                             int64_t n, int64_t m, int kind_a, double tau_a, int kind_b, double tau_b,     \
+                             double eps, double* out) {                                                    \
+    dual_value<T>(la, lb, fhat, g, s, nb, n, m, kind_a, tau_a, kind_b, tau_b, eps, out);                  \
+  }                                                                                                        \
+  void srot_kl_translation_##SUF(const T* la, const T* f, const T* lb, const T* g, int64_t nb, int64_t n,  \
+                                 int64_t m, double rate_a, double rate_b, double* out) {                   \
+    kl_translation<T>(la, f, lb, g, nb, n, m, rate_a, rate_b, out);                                        \
+  }
+
+SROT_DEFINE_DUAL(float, f32)
+SROT_DEFINE_DUAL(double, f64)
 
 #define SROT_DEFINE_MARGINAL(T, SUF)                                                                        \
   void srot_marginal_error_##SUF(const T* la, const T* f, const T* s, const T* fhat, int64_t nb,     \
