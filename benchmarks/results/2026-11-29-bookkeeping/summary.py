@@ -7,14 +7,14 @@ from collections import defaultdict
 rows = defaultdict(list)
 for line in open(sys.argv[1]):
     r = json.loads(line)
-    rows[(r["n"], r["d"], r["label"])].append(r)
-print("| n, d | revision | SROTLoss() ms | SamplesLoss() ms | ratio | updates | value |")
-print("|---|---|---|---|---|---|---|")
-for (n, d, label), rs in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] == "new")):
+    rows[(r.get("reach") or 0, r["n"], r["d"], r["label"])].append(r)
+print("| reach | n, d | revision | SROTLoss() ms | SamplesLoss() ms | ratio | updates | value |")
+print("|---|---|---|---|---|---|---|---|")
+for (reach, n, d, label), rs in sorted(rows.items(), key=lambda kv: (*kv[0][:3], kv[0][3] == "new")):
     s = sorted(r["srot_ms"] for r in rs)
     g = sorted(r["geomloss_ms"] for r in rs)
     q = sorted(r["srot_ms"] / r["geomloss_ms"] for r in rs)
     upd = sorted({r["updates"] for r in rs})
     val = sorted({f"{r['value']:.8g}" for r in rs})
-    print(f"| {n}, {d} | {label} | {s[0]:.1f}-{s[-1]:.1f} | {g[0]:.1f}-{g[-1]:.1f} | {q[0]:.2f}-{q[-1]:.2f}x | "
-          f"{','.join(map(str, upd))} | {','.join(val)} |")
+    print(f"| {reach or '-'} | {n}, {d} | {label} | {s[0]:.1f}-{s[-1]:.1f} | {g[0]:.1f}-{g[-1]:.1f} | "
+          f"{q[0]:.2f}-{q[-1]:.2f}x | {','.join(map(str, upd))} | {','.join(val)} |")
