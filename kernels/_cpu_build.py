@@ -49,7 +49,7 @@ __all__ = ["Unavailable", "open_or_build", "ABI_VERSION"]
 
 _SRC = Path(__file__).with_name("csrc") / "cpu_ops.cpp"
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c++17", "-shared", "-fPIC"]
-ABI_VERSION = 8  # = srot_abi_version() in csrc/cpu_ops.cpp; bump both when an entry point changes
+ABI_VERSION = 9  # = srot_abi_version() in csrc/cpu_ops.cpp; bump both when an entry point changes
 _TMP_PREFIX = ".srot_build_"  # temporary files of a build: .srot_build_<pid>_<host>_<random><suffix>
 _STALE_S = 3600  # a temporary file this old is removed whatever its pid says
 
@@ -298,6 +298,13 @@ def _declare(lib: ctypes.CDLL) -> None:
         # KL translation: la, f, lb, g, nb, n, m, rate_a, rate_b, out
         getattr(lib, f"srot_kl_translation_{suf}").argtypes = [p, p, p, p, i64, i64, i64, dbl, dbl, p]
         getattr(lib, f"srot_kl_translation_{suf}").restype = None
+    # partial OT's augmented soft-min: real, h, nb, n, m, eps, out
+    for suf in ("f32", "f64"):
+        getattr(lib, f"srot_partial_augment_{suf}").argtypes = [p, p, i64, i64, i64, dbl, p]
+        getattr(lib, f"srot_partial_augment_{suf}").restype = None
+        # its rebalancing step: f, g, last, la, lb, nb, n, m, eps, log_mass, f_out, g_out, last_out, s_out
+        getattr(lib, f"srot_partial_rebalance_{suf}").argtypes = [p, p, p, p, p, i64, i64, i64, dbl, dbl, p, p, p, p]
+        getattr(lib, f"srot_partial_rebalance_{suf}").restype = None
     lib.srot_track.argtypes = [p, p, p, p, p, p, i64, c_int, c_int, i64, i64]
     lib.srot_track.restype = None
     lib.srot_replaced.argtypes = [p, p, p, p, p, p, i64, i64, i64, dbl, c_int, i64, p]

@@ -28,8 +28,9 @@ the whole batch. Memory is O(B (N + M) D) plus a few tens of KB per thread. It u
 The same library holds the block-sparse entry points (``srot_bs_*``) of :mod:`srot_fast.kernels.blocksparse`
 and the solver's compiled per-update steps: the Anderson step (:func:`anderson_step`), the marginal error
 (:func:`marginal_error`), the dual objective (:func:`dual_value`), the KL translation (:func:`kl_translation`),
-the stall watch (:func:`track`) and the test of proposals (:func:`replaced`), each
-beside its torch reference in ``srot_fast/_anderson.py`` or ``srot_fast/_loop.py``.
+partial OT's augmented soft-min and rebalancing step (:func:`partial_augment`, :func:`partial_rebalance`), the
+stall watch (:func:`track`) and the test of proposals (:func:`replaced`), each beside its torch reference in
+``srot_fast/_anderson.py``, ``srot_fast/_loop.py`` or ``srot_fast/geometry.py``.
 How it is built, cached (a private, hash-checked cache) and loaded: :mod:`srot_fast.kernels._cpu_build`.
 
 Fallback (no compiler, failed build, ``SROT_FAST_NO_COMPILE=1``, other dtypes or devices): the
@@ -48,6 +49,7 @@ Caution:
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import sys
 import threading
@@ -75,6 +77,8 @@ __all__ = [
     "marginal_error",
     "dual_value",
     "kl_translation",
+    "partial_augment",
+    "partial_rebalance",
     "track",
     "replaced",
     "torch_softmin",
@@ -437,6 +441,42 @@ def kl_translation(log_a: torch.Tensor, f: torch.Tensor, log_b: torch.Tensor, g:
     (_load().srot_kl_translation_f32 if dtype == torch.float32 else _load().srot_kl_translation_f64)(
         _ptr(log_a), _ptr(f), _ptr(log_b), _ptr(g), nb, n, m, float(rate_a), float(rate_b), _ptr(out))
     return out
+
+
+def partial_augment(real: torch.Tensor, h: torch.Tensor, eps: float) -> torch.Tensor:
+    """(B, N + 1) augmented soft-min of partial OT from the real one, real (B, N), and log-weights h (B, M + 1) of
+    one float32 / float64 dtype on the CPU: :meth:`srot_fast.geometry.PartialGeometry._augment` (its torch
+    reference, which documents it) in one call of the compiled library, in float64 arithmetic rounded to the
+    dtype. Call only when :func:`available`."""
+    dtype, (nb, n), m1 = real.dtype, real.shape, h.shape[-1]
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"partial_augment: float32 / float64 soft-mins expected, got {dtype}")
+    real = _state("real", real.contiguous(), dtype, (nb, n))
+    h = _state("h", h.contiguous(), dtype, (nb, m1))
+    out = torch.empty((nb, n + 1), dtype=dtype)
+    (_load().srot_partial_augment_f32 if dtype == torch.float32 else _load().srot_partial_augment_f64)(
+        _ptr(real), _ptr(h), nb, n, m1 - 1, float(eps), _ptr(out))
+    return out
+
+
+def partial_rebalance(f: torch.Tensor, g: torch.Tensor, last: torch.Tensor, log_a: torch.Tensor,
+                      log_b: torch.Tensor, eps: float, mass: float):
+    """(f, g, last, s) after partial OT's rebalancing step: :meth:`srot_fast.geometry.PartialGeometry.rebalance`
+    without ``dummies`` (its torch reference, which documents it) in one call of the compiled library, float64
+    arithmetic rounded to the dtype. f, log_a (B, N + 1), g, log_b (B, M + 1), last (B, N) -- the real part of the
+    last row soft-min -- CPU tensors of one float32 / float64 dtype; returns new f, g, last and the row soft-min s
+    (B, N + 1) at the new g. Call only when :func:`available`."""
+    dtype, (nb, n1), m1 = f.dtype, f.shape, g.shape[-1]
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"partial_rebalance: float32 / float64 potentials expected, got {dtype}")
+    f, log_a = (_state(name, t.contiguous(), dtype, (nb, n1)) for name, t in (("f", f), ("log_a", log_a)))
+    g, log_b = (_state(name, t.contiguous(), dtype, (nb, m1)) for name, t in (("g", g), ("log_b", log_b)))
+    last = _state("last", last.contiguous(), dtype, (nb, n1 - 1))
+    f_out, g_out, last_out, s_out = (torch.empty_like(t) for t in (f, g, last, f))
+    (_load().srot_partial_rebalance_f32 if dtype == torch.float32 else _load().srot_partial_rebalance_f64)(
+        _ptr(f), _ptr(g), _ptr(last), _ptr(log_a), _ptr(log_b), nb, n1 - 1, m1 - 1, float(eps), math.log(mass),
+        _ptr(f_out), _ptr(g_out), _ptr(last_out), _ptr(s_out))
+    return f_out, g_out, last_out, s_out
 
 
 def track(err: torch.Tensor, done: torch.Tensor, low, flat, rest, stalls, watch: bool, quit: int, stall: int,

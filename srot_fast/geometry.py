@@ -150,6 +150,7 @@ class PartialGeometry:
         self.mass = mass
         self.batch, self.n, self.m = geom.batch, geom.n + 1, geom.m + 1
         self._last_real = None  # (B, N) real-vs-real part of the last softmin_x
+        self._native = None  # cpu_ops where _augment runs in its compiled library, else False (decided at first use)
 
     def subset(self, idx: torch.Tensor) -> "PartialGeometry":
         return PartialGeometry(self.real.subset(idx), self.mass)
@@ -164,7 +165,17 @@ class PartialGeometry:
         return -eps * self._real_logsumexp(h[:, :-1])[:, None]
 
     def _augment(self, real, h: torch.Tensor, eps: float) -> torch.Tensor:
-        """(B, n + 1) augmented soft-min from the real one ``real`` (B, n) and log-weights h (B, m + 1)."""
+        """(B, n + 1) augmented soft-min from the real one ``real`` (B, n) and log-weights h (B, m + 1). With the
+        ``cpu`` or ``blocksparse`` backend on CPU tensors (unsharded), one call of the compiled library
+        (``cpu_ops.partial_augment``, float64 arithmetic) instead of these torch operations."""
+        if self._native is None:
+            from .kernels import cpu_ops
+
+            native = (type(self) is PartialGeometry and getattr(self.real.ops, "CPU_LIBRARY", False)
+                      and real.device.type == "cpu" and cpu_ops.available())
+            self._native = cpu_ops if native else False
+        if self._native and real.dtype in (torch.float32, torch.float64) and h.dtype == real.dtype:
+            return self._native.partial_augment(real, h, eps)
         rows = -eps * torch.logaddexp(-real / eps, h[:, -1:])              # + dummy column at cost 0
         return torch.cat([rows, self._dummy_softmin(h, eps)], -1)
 
@@ -182,7 +193,13 @@ class PartialGeometry:
         soft-min at the new g; the last :meth:`softmin_x` call must have been at this g (no kernel pass).
         ``dummies``: the dummy row and column potentials first take their exact updates, so that the plan's
         dummy row and column carry their masses |b| - s and |a| - s (what an averaged eps-scaling step leaves
-        furthest off; the shift keeps them)."""
+        furthest off; the shift keeps them). Without ``dummies``, with the compiled library where :meth:`_augment`
+        uses it: one call (``cpu_ops.partial_rebalance``, float64 arithmetic) instead of these torch operations."""
+        if (not dummies and self._native and self._last_real is not None
+                and all(t.dtype == f.dtype for t in (g, log_a, log_b, self._last_real))):
+            f, g, self._last_real, s = self._native.partial_rebalance(f, g, self._last_real, log_a, log_b, eps,
+                                                                      self.mass)
+            return f, g, s
         if dummies:
             f_dummy, g_dummy = self._dummy_softmin(log_b + g / eps, eps), self._dummy_softmin(log_a + f / eps, eps)
             f, g = torch.cat([f[:, :-1], f_dummy], -1), torch.cat([g[:, :-1], g_dummy], -1)

@@ -346,6 +346,42 @@ def test_compiled_dual_value_and_kl_translation_equal_the_torch_ones(dtype, kind
 
 
 @_COMPILED
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+def test_compiled_partial_steps_equal_the_torch_ones(dtype):
+    """Partial OT's augmented soft-min and rebalancing step through the compiled library equal their torch
+    references (``PartialGeometry`` with the library turned off) on a batch of 3, with zero weights on both sides
+    (log-weight -inf), a real soft-min of +inf and one problem whose rebalancing step overflows (c = 0): float64
+    within 1e-12, float32 within a few ulps (the C code computes in float64 and rounds)."""
+    from srot_fast.kernels import cpu_ops
+
+    from srot_fast.geometry import Geometry, PartialGeometry
+
+    gen = torch.Generator().manual_seed(0)
+    nb, n, m, eps = 3, 20, 15, 0.05
+    x, y = torch.randn(nb, n, 2, generator=gen, dtype=dtype), torch.randn(nb, m, 2, generator=gen, dtype=dtype)
+    log_a = torch.randn(nb, n + 1, generator=gen, dtype=F64).log_softmax(-1).to(dtype)
+    log_b = torch.randn(nb, m + 1, generator=gen, dtype=F64).log_softmax(-1).to(dtype)
+    log_a[0, 3], log_b[1, :4] = -math.inf, -math.inf
+    f = 0.3 * torch.randn(nb, n + 1, generator=gen, dtype=F64).to(dtype)
+    g = 0.3 * torch.randn(nb, m + 1, generator=gen, dtype=F64).to(dtype)
+    real = 0.3 * torch.randn(nb, n, generator=gen, dtype=F64).to(dtype)
+    real[1, 2] = math.inf
+    f[2, :n] = math.inf  # the real plan's mass overflows: no step
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == F64 else dict(rtol=4e-7, atol=4e-7)
+    runs = []
+    for native in (cpu_ops, False):
+        pg = PartialGeometry(Geometry(cpu_ops, x, y, 2), 0.6)
+        pg._native = native
+        aug = pg._augment(real, log_b + g / eps, eps)
+        pg._last_real = real.clone()
+        runs.append((aug, *pg.rebalance(f, g, log_b, eps, log_a), pg._last_real))
+    for got, want in zip(*runs):
+        torch.testing.assert_close(got, want, **tol)
+    assert runs[0][0][1, 2] == runs[1][0][1, 2]  # the +inf real soft-min: the dummy column alone
+    torch.testing.assert_close(runs[0][1][2], f[2])  # no step where the mass overflowed
+
+
+@_COMPILED
 @pytest.mark.parametrize("watch, quit", [(True, 0), (False, 2)])
 def test_compiled_stall_watch_and_replacement_equal_the_torch_ones(watch, quit):
     """Anderson's stall watch (``track``) and the loop's test of proposals (``replaced``: too far or resting) in

@@ -605,7 +605,7 @@ void prune_task(int64_t s, Boxes rb, Boxes rs, int64_t nrb, Boxes cb, Boxes cs, 
 extern "C" {
 
 // Version of the entry points below; the loader refuses a library whose version differs from its own.
-int srot_abi_version() { return 8; }
+int srot_abi_version() { return 9; }
 
 // Every entry point takes a batch of nbatch problems of the same sizes (n, m, d): problem b reads
 // x + b * sx (n, d) row-major, yt + b * syt (d, ld) = y transposed with ld = m rounded up to a multiple of
@@ -1189,5 +1189,91 @@ void srot_replaced(const double* col, const uint8_t* done, const double* best, u
     out[b] = far || rest[b] > 0 || (quit > 0 && stalls[b] >= quit);
   }
 }
+
+}  // extern "C"
+
+// ---------------------------------------------------------------------------------------------------------------
+// Partial OT's dummy points, srot_fast/geometry.py (PartialGeometry._augment and rebalance, their torch references,
+// which document them): the augmented soft-min from the real one, and the exact step along the real / dummy
+// direction, in float64 arithmetic rounded to the potentials' dtype.
+namespace {
+
+// log(exp(a) + exp(b)), -inf where both are
+inline double log_add_exp(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<double>::quiet_NaN();
+  const double hi = std::max(a, b), lo = std::min(a, b);
+  if (hi == -std::numeric_limits<double>::infinity() || hi == std::numeric_limits<double>::infinity()) return hi;
+  return hi + std::log1p(std::exp(lo - hi));
+}
+
+// log sum_i exp(t_i) over len values (-inf for none or all -inf, +inf if one is, NaN if one is NaN)
+template <typename T> double log_sum_exp(const T* t, int64_t len) {
+  double hi = -std::numeric_limits<double>::infinity();
+  for (int64_t i = 0; i < len; ++i) {
+    if (std::isnan(double(t[i]))) return std::numeric_limits<double>::quiet_NaN();
+    hi = std::max(hi, double(t[i]));
+  }
+  if (std::isinf(hi)) return hi;
+  double acc = 0;
+  for (int64_t i = 0; i < len; ++i) acc += std::exp(double(t[i]) - hi);
+  return hi + std::log(acc);
+}
+
+// out (nb, n + 1): out_i = -eps log(exp(-real_i / eps) + exp(h_m)) for i < n (the dummy column at cost 0) and
+// out_n = -eps LSE_{j < m} h_j (the dummy row); real (nb, n), h (nb, m + 1)
+template <typename T> void partial_augment(const T* real, const T* h, int64_t nb, int64_t n, int64_t m, double eps,
+                                           T* out) {
+  for (int64_t b = 0; b < nb; ++b) {
+    const T* hb = h + b * (m + 1);
+    T* ob = out + b * (n + 1);
+    const double hd = double(hb[m]);
+    for (int64_t i = 0; i < n; ++i) ob[i] = T(-eps * log_add_exp(-double(real[b * n + i]) / eps, hd));
+    ob[n] = T(-eps * log_sum_exp(hb, m));
+  }
+}
+
+// rebalance (dummies off): c = eps/2 (log mass - LSE_{i<n} (la_i + (f_i - last_i)/eps)), 0 where not finite;
+// f' = f + (c, .., c, -c), g' = g + (c, .., c, -c), last' = last - c, s = the augmented soft-min of last' for the
+// log-weights lb + g'/eps. f, la (nb, n + 1); g, lb (nb, m + 1); last (nb, n); outputs of the same shapes.
+template <typename T>
+void partial_rebalance(const T* f, const T* g, const T* last, const T* la, const T* lb, int64_t nb, int64_t n,
+                       int64_t m, double eps, double log_mass, T* fo, T* go, T* lo, T* so) {
+  std::vector<double> t(std::max(n, m));
+  for (int64_t b = 0; b < nb; ++b) {
+    const T *fb = f + b * (n + 1), *gb = g + b * (m + 1), *lab = la + b * (n + 1), *lbb = lb + b * (m + 1);
+    const T* rb = last + b * n;
+    for (int64_t i = 0; i < n; ++i) t[i] = double(lab[i]) + double(T(fb[i] - rb[i])) / eps;
+    double c = 0.5 * eps * (log_mass - log_sum_exp(t.data(), n));
+    const T ct = std::isfinite(c) ? T(c) : T(0);
+    T *fob = fo + b * (n + 1), *gob = go + b * (m + 1), *lob = lo + b * n, *sob = so + b * (n + 1);
+    for (int64_t i = 0; i < n; ++i) fob[i] = fb[i] + ct;
+    fob[n] = fb[n] - ct;
+    for (int64_t j = 0; j < m; ++j) gob[j] = gb[j] + ct;
+    gob[m] = gb[m] - ct;
+    for (int64_t i = 0; i < n; ++i) lob[i] = rb[i] - ct;
+    for (int64_t j = 0; j < m; ++j) t[j] = double(lbb[j]) + double(gob[j]) / eps;
+    const double hd = double(lbb[m]) + double(gob[m]) / eps;
+    for (int64_t i = 0; i < n; ++i) sob[i] = T(-eps * log_add_exp(-double(lob[i]) / eps, hd));
+    sob[n] = T(-eps * log_sum_exp(t.data(), m));
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+#define SROT_DEFINE_PARTIAL(T, SUF)                                                                         \
+  void srot_partial_augment_##SUF(const T* real, const T* h, int64_t nb, int64_t n, int64_t m, double eps, \
+                                  T* out) {                                                                \
+    partial_augment<T>(real, h, nb, n, m, eps, out);                                                       \
+  }                                                                                                        \
+  void srot_partial_rebalance_##SUF(const T* f, const T* g, const T* last, const T* la, const T* lb,       \
+                                    int64_t nb, int64_t n, int64_t m, double eps, double log_mass, T* fo,  \
+                                    T* go, T* lo, T* so) {                                                 \
+    partial_rebalance<T>(f, g, last, la, lb, nb, n, m, eps, log_mass, fo, go, lo, so);                     \
+  }
+
+SROT_DEFINE_PARTIAL(float, f32)
+SROT_DEFINE_PARTIAL(double, f64)
 
 }  // extern "C"
