@@ -9,6 +9,8 @@ Same functions and signatures as :mod:`srot_fast.kernels.tensorized`:
 - ``max_cost(x, y, p)``                    -> ()      max_ij C(x_i, y_j)
 - ``squared_distances(x, y)``              -> (N, M)  |x_i - y_j|^2, which ``softmin(..., sq=)`` reads instead of
   computing them (the solver keeps them for small problems: docs/DESIGN.md, Kernel primitive)
+- ``softmin_sq(sq, h, eps, p)``            -> (B, N)  the soft-min pass over such stored distances, batched, without
+  the operand checks of x and y (what the solver's geometry calls)
 
 with C = |x - y| (p = 1) or |x - y|^2 / 2 (p = 2); ``x`` (N, D), ``y`` (M, D), ``h`` (M,) may hold
 ``-inf`` (zero-weight columns), ``eps`` > 0 a Python float. Batched operands x (B, N, D), y (B, M, D),
@@ -30,7 +32,9 @@ and the solver's compiled per-update steps: the Anderson step (:func:`anderson_s
 (:func:`marginal_error`), the dual objective (:func:`dual_value`), the KL translation (:func:`kl_translation`),
 partial OT's augmented soft-min and rebalancing step (:func:`partial_augment`, :func:`partial_rebalance`), the
 stall watch (:func:`track`) and the test of proposals (:func:`replaced`), each beside its torch reference in
-``srot_fast/_anderson.py``, ``srot_fast/_loop.py`` or ``srot_fast/geometry.py``.
+``srot_fast/_anderson.py``, ``srot_fast/_loop.py`` or ``srot_fast/geometry.py``. These have no fallback: the
+solver calls them only when :func:`available`, and they raise a ValueError for operands of another dtype, shape
+or device.
 How it is built, cached (a private, hash-checked cache) and loaded: :mod:`srot_fast.kernels._cpu_build`.
 
 Fallback (no compiler, failed build, ``SROT_FAST_NO_COMPILE=1``, other dtypes or devices): the
@@ -235,6 +239,12 @@ def softmin_sq(sq: torch.Tensor, h: torch.Tensor, eps: float, p: int) -> torch.T
     operands, without the checks of x and y (for the solver's geometry, which made ``sq`` (B, N, M) with
     :func:`squared_distances`); h (B, M). The compiled pass where sq and h are CPU tensors of one float32 / float64
     dtype, else torch ops."""
+    if sq.dim() != 3 or not sq.is_contiguous() or sq.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"sq: a contiguous (B, N, M) float32 / float64 tensor expected, got a "
+                         f"{'' if sq.is_contiguous() else 'non-contiguous '}{sq.dtype} tensor of shape "
+                         f"{tuple(sq.shape)}")
+    if p not in (1, 2):
+        raise ValueError(f"p must be 1 or 2, got {p}")
     nb, n, m = sq.shape
     if h.shape != (nb, m):
         raise ValueError(f"h (B, M) = ({nb}, {m}) expected with sq {tuple(sq.shape)}, got {tuple(h.shape)}")
@@ -451,6 +461,8 @@ def partial_augment(real: torch.Tensor, h: torch.Tensor, eps: float) -> torch.Te
     dtype, (nb, n), m1 = real.dtype, real.shape, h.shape[-1]
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"partial_augment: float32 / float64 soft-mins expected, got {dtype}")
+    if m1 < 1:
+        raise ValueError(f"partial_augment: h (B, M + 1) with its dummy column expected, got {tuple(h.shape)}")
     real = _state("real", real.contiguous(), dtype, (nb, n))
     h = _state("h", h.contiguous(), dtype, (nb, m1))
     out = torch.empty((nb, n + 1), dtype=dtype)
@@ -469,6 +481,9 @@ def partial_rebalance(f: torch.Tensor, g: torch.Tensor, last: torch.Tensor, log_
     dtype, (nb, n1), m1 = f.dtype, f.shape, g.shape[-1]
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"partial_rebalance: float32 / float64 potentials expected, got {dtype}")
+    if n1 < 1 or m1 < 1:
+        raise ValueError(f"partial_rebalance: f (B, N + 1) and g (B, M + 1) with their dummy points expected, got "
+                         f"{tuple(f.shape)} and {tuple(g.shape)}")
     f, log_a = (_state(name, t.contiguous(), dtype, (nb, n1)) for name, t in (("f", f), ("log_a", log_a)))
     g, log_b = (_state(name, t.contiguous(), dtype, (nb, m1)) for name, t in (("g", g), ("log_b", log_b)))
     last = _state("last", last.contiguous(), dtype, (nb, n1 - 1))

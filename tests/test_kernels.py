@@ -223,6 +223,12 @@ def test_squared_distances_are_exact_and_checked(compiled, monkeypatch):
         cpu_ops.squared_distances(x.half(), y.half())
     with pytest.raises(ValueError, match=r"h \(B, M\)"):
         cpu_ops.softmin_sq(sq[None], h[None, :5], 1.0, 2)
+    with pytest.raises(ValueError, match="non-contiguous"):  # softmin_sq reads sq raw: strides are refused
+        cpu_ops.softmin_sq(sq.T.contiguous().T[None], h[None], 1.0, 2)
+    with pytest.raises(ValueError, match="sq"):
+        cpu_ops.softmin_sq(sq[None].expand(5, -1, -1), h[None].expand(5, -1), 1.0, 2)
+    with pytest.raises(ValueError, match="p must be"):
+        cpu_ops.softmin_sq(sq[None], h[None], 1.0, 3)
 
 
 @pytest.mark.triton

@@ -379,6 +379,33 @@ def test_compiled_partial_steps_equal_the_torch_ones(dtype):
         torch.testing.assert_close(got, want, **tol)
     assert runs[0][0][1, 2] == runs[1][0][1, 2]  # the +inf real soft-min: the dummy column alone
     torch.testing.assert_close(runs[0][1][2], f[2])  # no step where the mass overflowed
+    with pytest.raises(ValueError, match="dummy"):  # no dummy column: refused (the C code would read before h)
+        cpu_ops.partial_augment(real, g[:, :0], eps)
+    with pytest.raises(ValueError, match="dummy"):
+        cpu_ops.partial_rebalance(f, g[:, :0], real, log_a, log_b[:, :0], eps, 0.6)
+
+
+@_COMPILED
+def test_compiled_bookkeeping_only_where_the_library_serves_the_geometry():
+    """The loop and partial OT's geometry take the compiled bookkeeping for the ``cpu`` backend on CPU tensors,
+    not for the tensorized backend (whose users need no compiler) nor for float16 soft-mins."""
+    from srot_fast.kernels import cpu_ops, tensorized
+
+    from srot_fast._loop import _native
+    from srot_fast.geometry import Geometry, PartialGeometry
+
+    x, y = torch.randn(1, 6, 2), torch.randn(1, 5, 2)
+    h = torch.zeros(1, 6)
+    for ops, native in ((cpu_ops, True), (tensorized, False)):
+        geom = Geometry(ops, x, y, 2)
+        pg = PartialGeometry(geom, 0.5)
+        assert _native(geom, h) is native and _native(pg, h) is native
+        pg.softmin_x(torch.zeros(1, 6), 0.1)
+        assert (pg._native is cpu_ops) if native else (pg._native is False)
+    geom16 = PartialGeometry(Geometry(cpu_ops, x, y, 2), 0.5)
+    real16 = torch.zeros(1, 6, dtype=torch.float16)
+    out = geom16._augment(real16, torch.zeros(1, 6, dtype=torch.float16), 0.1)  # torch operations, in float16
+    assert out.dtype == torch.float16 and out.shape == (1, 7)
 
 
 @_COMPILED

@@ -1243,8 +1243,8 @@ void partial_rebalance(const T* f, const T* g, const T* last, const T* la, const
     const T *fb = f + b * (n + 1), *gb = g + b * (m + 1), *lab = la + b * (n + 1), *lbb = lb + b * (m + 1);
     const T* rb = last + b * n;
     for (int64_t i = 0; i < n; ++i) t[i] = double(lab[i]) + double(T(fb[i] - rb[i])) / eps;
-    double c = 0.5 * eps * (log_mass - log_sum_exp(t.data(), n));
-    const T ct = std::isfinite(c) ? T(c) : T(0);
+    const T c = T(0.5 * eps * (log_mass - log_sum_exp(t.data(), n)));
+    const T ct = std::isfinite(c) ? c : T(0);  // tested in the dtype, as the reference's nan_to_num
     T *fob = fo + b * (n + 1), *gob = go + b * (m + 1), *lob = lo + b * n, *sob = so + b * (n + 1);
     for (int64_t i = 0; i < n; ++i) fob[i] = fb[i] + ct;
     fob[n] = fb[n] - ct;
