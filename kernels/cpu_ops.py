@@ -509,7 +509,8 @@ def track(err: torch.Tensor, done: torch.Tensor, low, flat, rest, stalls, watch:
 
 def replaced(col: torch.Tensor, done: torch.Tensor, best: torch.Tensor, valid: torch.Tensor, rest: torch.Tensor,
              stalls: torch.Tensor, newest: int, far_limit: float, by_value: bool, quit: int) -> torch.Tensor:
-    """(B,) bool: the proposals that the loop replaces by T(g), :meth:`srot_fast._anderson.Anderson.replaced` (its
+    """(B,) bool: the proposals that the loop replaces by T(g) (none where ``done``),
+    :meth:`srot_fast._anderson.Anderson.replaced` (its
     torch reference, which documents it) in one call, for contiguous CPU tensors: col, best (B,) float64, done
     (B,) bool, rest, stalls (B,) int64; valid (B, K) bool keeps only slot ``newest`` where a proposal is too far
     (in place). Call only when :func:`available`."""

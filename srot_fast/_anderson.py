@@ -170,12 +170,12 @@ class Anderson:
 
     def replaced(self, col: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
         """(B,) bool: the proposals just made that the loop replaces by the plain step T(g): those :meth:`too_far`
-        (whose history it restarts) and those of problems :attr:`resting`. ``native``: one call of the compiled
-        library."""
+        (whose history it restarts) and those of problems :attr:`resting`; never those of problems ``done``,
+        whose potentials stay as they passed the test. ``native``: one call of the compiled library."""
         if self.native:
             return _cpu_ops().replaced(col, done, self.best, self.valid, self.rest, self.stalls,
                                        (self.slot - 1) % (self.depth + 1), FAR, self.by_value, self.quit)
-        return self.too_far(col, done) | self.resting
+        return (self.too_far(col, done) | self.resting) & ~done
 
     def step(self, g, g_hat, err, done, value=None):
         """(B, M) next g from the current g, its image g_hat = T(g), the (B,) row marginal error at g and, when

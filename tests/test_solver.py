@@ -452,6 +452,9 @@ def test_compiled_stall_watch_and_replacement_equal_the_torch_ones(watch, quit):
         assert torch.equal(a, b) and torch.equal(low_a, low_b)
         assert a[:, :batch].any() and not a[:, :batch].all()  # some proposals replaced, not all
         rest, stalls = a[:, -3 * batch:-2 * batch], a[:, -2 * batch:-batch]
+        dones = torch.stack([done for _, _, done, _ in steps]).long()
+        assert not (a[:, :batch] * dones).any()  # never a finished problem's
+        assert ((rest > 0) & (dones > 0)).any() if watch else True  # though some finished while resting
         assert (rest.max() > 0) if watch else (stalls.max() >= quit)  # the watch acted: rests, or quits
 
 

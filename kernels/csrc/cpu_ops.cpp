@@ -1175,9 +1175,9 @@ void srot_track(const double* err, const uint8_t* done, double* low, int64_t* fl
   }
 }
 
-// Anderson.replaced: out[b] for the problems whose proposal the loop replaces by T(g). Far ones (Anderson.too_far,
-// unless by_value): not done, column error col[b] (float64) NaN or above max(2 best[b], far_limit); their valid
-// slots (nb, k1) keep only slot ``newest``. Resting ones (Anderson.resting): rest[b] > 0, or with quit > 0
+// Anderson.replaced: out[b] for the problems not done whose proposal the loop replaces by T(g). Far ones
+// (Anderson.too_far, unless by_value): column error col[b] (float64) NaN or above max(2 best[b], far_limit); their
+// valid slots (nb, k1) keep only slot ``newest``. Resting ones (Anderson.resting): rest[b] > 0, or with quit > 0
 // stalls[b] >= quit.
 void srot_replaced(const double* col, const uint8_t* done, const double* best, uint8_t* valid, const int64_t* rest,
                    const int64_t* stalls, int64_t nb, int64_t k1, int64_t newest, double far_limit, int by_value,
@@ -1186,7 +1186,7 @@ void srot_replaced(const double* col, const uint8_t* done, const double* best, u
     const bool far = !by_value && !done[b] && !(col[b] <= std::max(2 * best[b], far_limit));
     if (far)
       for (int64_t i = 0; i < k1; ++i) valid[b * k1 + i] = valid[b * k1 + i] && i == newest;
-    out[b] = far || rest[b] > 0 || (quit > 0 && stalls[b] >= quit);
+    out[b] = !done[b] && (far || rest[b] > 0 || (quit > 0 && stalls[b] >= quit));
   }
 }
 
