@@ -25,6 +25,7 @@ from typing import Optional, Sequence
 import torch
 
 from ._anderson import QUIT, RESTART_GAP, Anderson, Plain, _cpu_ops, _identity
+from .geometry import compiled_library
 from .penalties import Penalty
 
 WINDOW = 8         # updates between two readings of the value test
@@ -69,13 +70,11 @@ def _point_sum(geom):
     return getattr(geom, "point_sum", None) or _local_sum
 
 
-def _native(geom, like: torch.Tensor) -> bool:
+def _native(geom) -> bool:
     """Whether the loop's per-update bookkeeping (marginal errors, dual objective, KL translation, Anderson's step,
-    stall watch and test of proposals) runs in the compiled CPU library: for the backends built on it (``cpu``,
-    ``blocksparse``), CPU tensors and an unsharded geometry (whose sums are local)."""
-    real = getattr(geom, "real", geom)  # partial OT: the geometry of the real points
-    return bool(getattr(getattr(real, "ops", None), "CPU_LIBRARY", False) and like.device.type == "cpu"
-                and _point_sum(geom) is _local_sum and _rank_sum(geom) is _identity and _cpu_ops().available())
+    stall watch and test of proposals) runs in the compiled CPU library (:func:`srot_fast.geometry.compiled_library`:
+    the ``cpu`` and ``blocksparse`` backends on CPU points, unsharded)."""
+    return compiled_library(geom) is not None
 
 
 def _one_dtype(*ts) -> bool:
@@ -274,7 +273,7 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     batch = log_a.shape[0]
     passes = 0
     psum = _point_sum(geom)
-    native = _native(geom, log_a)
+    native = _native(geom)
     mass_a = psum(log_a.double().exp())
     if init is not None:
         eps = eps_list[-1]
@@ -469,7 +468,7 @@ def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optiona
     map contract by (1 - lambda) / 2 instead of lambda."""
     batch = log_a.shape[0]
     psum = _point_sum(geom)
-    native = _native(geom, log_a)
+    native = _native(geom)
     mass_a = psum(log_a.double().exp())
     passes = 0
     if init is not None:

@@ -133,6 +133,19 @@ class Geometry:
         return Geometry(self.ops, self.y, self.x, self.p, self.v, self.u, self.options, stored)
 
 
+def compiled_library(geom):
+    """``srot_fast.kernels.cpu_ops`` where the solver's per-update bookkeeping for ``geom`` runs in its compiled
+    CPU library -- a backend built on it (``cpu``, ``blocksparse``), points on the CPU, an unsharded geometry (a
+    partial one: its real geometry), the library available -- else None."""
+    real = getattr(geom, "real", geom)
+    if (getattr(real, "comm", None) is not None or not getattr(getattr(real, "ops", None), "CPU_LIBRARY", False)
+            or real.x.device.type != "cpu"):
+        return None
+    from .kernels import cpu_ops
+
+    return cpu_ops if cpu_ops.available() else None
+
+
 class PartialGeometry:
     """``geom`` augmented with a dummy row (index N) and a dummy column (index M), for transported mass
     ``mass``.
@@ -169,11 +182,7 @@ class PartialGeometry:
         ``cpu`` or ``blocksparse`` backend on CPU tensors (unsharded), one call of the compiled library
         (``cpu_ops.partial_augment``, float64 arithmetic) instead of these torch operations."""
         if self._native is None:
-            from .kernels import cpu_ops
-
-            native = (type(self) is PartialGeometry and getattr(self.real.ops, "CPU_LIBRARY", False)
-                      and real.device.type == "cpu" and cpu_ops.available())
-            self._native = cpu_ops if native else False
+            self._native = compiled_library(self) or False
         if self._native and real.dtype in (torch.float32, torch.float64) and h.dtype == real.dtype:
             return self._native.partial_augment(real, h, eps)
         rows = -eps * torch.logaddexp(-real / eps, h[:, -1:])              # + dummy column at cost 0

@@ -395,11 +395,10 @@ def test_compiled_bookkeeping_only_where_the_library_serves_the_geometry():
     from srot_fast.geometry import Geometry, PartialGeometry
 
     x, y = torch.randn(1, 6, 2), torch.randn(1, 5, 2)
-    h = torch.zeros(1, 6)
     for ops, native in ((cpu_ops, True), (tensorized, False)):
         geom = Geometry(ops, x, y, 2)
         pg = PartialGeometry(geom, 0.5)
-        assert _native(geom, h) is native and _native(pg, h) is native
+        assert _native(geom) is native and _native(pg) is native
         pg.softmin_x(torch.zeros(1, 6), 0.1)
         assert (pg._native is cpu_ops) if native else (pg._native is False)
     geom16 = PartialGeometry(Geometry(cpu_ops, x, y, 2), 0.5)
