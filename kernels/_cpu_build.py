@@ -49,7 +49,7 @@ __all__ = ["Unavailable", "open_or_build", "ABI_VERSION"]
 
 _SRC = Path(__file__).with_name("csrc") / "cpu_ops.cpp"
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c++17", "-shared", "-fPIC"]
-ABI_VERSION = 9  # = srot_abi_version() in csrc/cpu_ops.cpp; bump both when an entry point changes
+ABI_VERSION = 10  # = srot_abi_version() in csrc/cpu_ops.cpp; bump both when an entry point changes
 _TMP_PREFIX = ".srot_build_"  # temporary files of a build: .srot_build_<pid>_<host>_<random><suffix>
 _STALE_S = 3600  # a temporary file this old is removed whatever its pid says
 
@@ -309,6 +309,11 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.srot_track.restype = None
     lib.srot_replaced.argtypes = [p, p, p, p, p, p, i64, i64, i64, dbl, c_int, i64, p]
     lib.srot_replaced.restype = None
+    # the update loops (srot_fast/_loop.py, alternating and symmetric): a pointer to their LoopArgs
+    for suf in ("f32", "f64"):
+        for name in ("loop", "symmetric_loop"):
+            getattr(lib, f"srot_{name}_{suf}").argtypes = [p]
+            getattr(lib, f"srot_{name}_{suf}").restype = None
 
 
 def open_or_build(timeout_s: float) -> ctypes.CDLL:

@@ -32,9 +32,11 @@ and the solver's compiled per-update steps: the Anderson step (:func:`anderson_s
 (:func:`marginal_error`), the dual objective (:func:`dual_value`), the KL translation (:func:`kl_translation`),
 partial OT's augmented soft-min and rebalancing step (:func:`partial_augment`, :func:`partial_rebalance`), the
 stall watch (:func:`track`) and the test of proposals (:func:`replaced`), each beside its torch reference in
-``srot_fast/_anderson.py``, ``srot_fast/_loop.py`` or ``srot_fast/geometry.py``. These have no fallback: the
-solver calls them only when :func:`available`, and they raise a ValueError for operands of another dtype, shape
-or device.
+``srot_fast/_anderson.py``, ``srot_fast/_loop.py`` or ``srot_fast/geometry.py``; and, composed of these, the
+whole update loop at the target eps of a problem over stored squared distances (:func:`alternating_loop`,
+:func:`symmetric_loop` for self-transport), whose torch references are ``alternating`` and ``symmetric`` in
+``srot_fast/_loop.py``. These have no fallback: the solver calls them only when :func:`available`, and they
+raise a ValueError for operands of another dtype, shape or device.
 How it is built, cached (a private, hash-checked cache) and loaded: :mod:`srot_fast.kernels._cpu_build`.
 
 Fallback (no compiler, failed build, ``SROT_FAST_NO_COMPILE=1``, other dtypes or devices): the
@@ -85,6 +87,8 @@ __all__ = [
     "partial_rebalance",
     "track",
     "replaced",
+    "alternating_loop",
+    "symmetric_loop",
     "torch_softmin",
     "torch_weighted_mean",
     "torch_plan_argmax",
@@ -523,3 +527,112 @@ def replaced(col: torch.Tensor, done: torch.Tensor, best: torch.Tensor, valid: t
     _load().srot_replaced(_ptr(col), _ptr(done), _ptr(best), _ptr(valid), _ptr(rest), _ptr(stalls), shape[0],
                           valid.shape[1], newest, float(far_limit), int(by_value), quit, _ptr(out))
     return out
+
+
+def _loop_fields():
+    p, i, d = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
+    return ([(name, p) for name in ("sq_x", "sq_y", "la", "lb", "u", "v", "mass_a", "mass_b", "mask", "f", "g", "s",
+                                    "t", "col", "err", "done", "n_iter", "updates", "images", "resid", "inner",
+                                    "valid", "best", "top", "low", "since", "flat", "rest", "stalls")]
+            + [(name, i) for name in ("nb", "n", "m", "p", "kind_a", "kind_b")]
+            + [(name, d) for name in ("tau_a", "tau_b", "eps", "tol", "enter_tol", "value_tol", "value_span")]
+            + [(name, i) for name in ("window", "steps", "it0", "max_iter", "accelerate", "by_value", "watch",
+                                      "translate", "k1", "slot", "gap", "stall", "plain_run")]
+            + [("far_limit", d), ("nthreads", i)])
+
+
+class _LoopArgs(ctypes.Structure):
+    """The C struct ``LoopArgs`` of ``csrc/cpu_ops.cpp`` (same fields, same order)."""
+
+    _fields_ = _loop_fields()
+
+
+def alternating_loop(sq_x, sq_y, log_a, log_b, u, v, mass_a, mass_b, state: dict, anderson: Optional[dict],
+                     p: int, kind_a: str, tau_a: float, kind_b: str, tau_b: float, eps: float, tol: float,
+                     enter_tol: Optional[float], value_tol: Optional[float], value_span: float, window: int,
+                     steps: int, it0: int, max_iter: int, translate: bool) -> torch.Tensor:
+    """The update loop at the target eps of :func:`srot_fast._loop.alternating` (its torch reference, which documents
+    it) in one call of the compiled library, for a plain (not partial) problem over stored squared distances:
+    every problem of the batch looks and updates until it is done or the loop has run ``max_iter`` updates in all
+    (it0 before this call). Operands: sq_x (B, N, M) and sq_y (B, M, N) squared distances, log_a (B, N), log_b
+    (B, M), u (B, N) and v (B, M) cost offsets or None, all contiguous CPU tensors of one float32 / float64 dtype;
+    mass_a, mass_b (B,) float64 total weights. ``state``: f, s (B, N), g, t (B, M) in that dtype, col, err (B,)
+    float64, done (B,) bool, n_iter (B,) int64, updated in place. ``anderson``: the state of
+    :class:`srot_fast._anderson.Anderson` (its fields ``mask``, ``images``, ``resid``, ``inner``, ``valid``,
+    ``best``, ``top``, ``low``, ``since``, ``flat``, ``rest``, ``stalls`` (history allocated) and ``slot``,
+    ``by_value``, ``watch``, ``restart_gap``, ``stall``, ``plain_run``, ``far``), updated in place; None: plain
+    updates. Returns the (B,) int64 updates each problem ran. Call only when :func:`available`."""
+    dtype, (nb, n, m) = sq_x.dtype, sq_x.shape
+    f64, i64 = torch.float64, torch.int64
+    ops = [("sq_x", sq_x, dtype, (nb, n, m)), ("sq_y", sq_y, dtype, (nb, m, n)), ("log_a", log_a, dtype, (nb, n)),
+           ("log_b", log_b, dtype, (nb, m)), ("mass_a", mass_a, f64, (nb,)), ("mass_b", mass_b, f64, (nb,)),
+           ("f", state["f"], dtype, (nb, n)), ("s", state["s"], dtype, (nb, n)), ("g", state["g"], dtype, (nb, m)),
+           ("t", state["t"], dtype, (nb, m)), ("col", state["col"], f64, (nb,)), ("err", state["err"], f64, (nb,)),
+           ("done", state["done"], torch.bool, (nb,)), ("n_iter", state["n_iter"], i64, (nb,))]
+    ops += [(name, t, dtype, shape) for name, t, shape in (("u", u, (nb, n)), ("v", v, (nb, m))) if t is not None]
+    if dtype not in (f64, torch.float32):
+        raise ValueError(f"alternating_loop: float32 / float64 operands expected, got {dtype}")
+    if anderson is not None:
+        k1 = anderson["images"].shape[1]
+        ops += [("mask", anderson["mask"], f64, (nb, m)), ("images", anderson["images"], f64, (nb, k1, m)),
+                ("resid", anderson["resid"], f64, (nb, k1, m)), ("inner", anderson["inner"], f64, (nb, k1, k1)),
+                ("valid", anderson["valid"], torch.bool, (nb, k1))]
+        ops += [(name, anderson[name], f64, (nb,)) for name in ("best", "top", "low")]
+        ops += [(name, anderson[name], i64, (nb,)) for name in ("since", "flat", "rest", "stalls")]
+    args, updates = _loop_args("alternating_loop", ops, nb, n, m, p, kind_a, tau_a, eps, tol, value_tol, value_span,
+                               window, steps, it0, max_iter)
+    args.kind_b, args.tau_b = _KINDS[kind_b], float(tau_b)
+    args.enter_tol = -1.0 if enter_tol is None else float(enter_tol)
+    args.translate, args.accelerate = int(translate), int(anderson is not None)
+    if anderson is not None:
+        args.by_value, args.watch, args.k1 = int(anderson["by_value"]), int(anderson["watch"]), k1
+        args.slot, args.gap = int(anderson["slot"]), int(anderson["restart_gap"])
+        args.stall, args.plain_run, args.far_limit = int(anderson["stall"]), int(anderson["plain_run"]), \
+            float(anderson["far"])
+    (_load().srot_loop_f32 if dtype == torch.float32 else _load().srot_loop_f64)(ctypes.byref(args))
+    return updates
+
+
+def _loop_args(fn, ops, nb, n, m, p, kind_a, tau_a, eps, tol, value_tol, value_span, window, steps, it0, max_iter):
+    """The LoopArgs of the operands ``ops`` -- (name, tensor, dtype, shape), checked by :func:`_state` -- and of the
+    common settings (the rest zero), and the (nb,) int64 tensor its ``updates`` points to."""
+    for name, t, dt, shape in ops:
+        _state(f"{fn}: {name}", t, dt, shape)
+    updates = torch.zeros(nb, dtype=torch.int64)
+    args = _LoopArgs()
+    for name, t, *_ in ops:
+        setattr(args, {"log_a": "la", "log_b": "lb"}.get(name, name), t.data_ptr())
+    args.updates = updates.data_ptr()
+    args.nb, args.n, args.m, args.p = nb, n, m, int(p)
+    args.kind_a, args.tau_a, args.eps, args.tol = _KINDS[kind_a], float(tau_a), float(eps), float(tol)
+    args.enter_tol = -1.0
+    args.value_tol = -1.0 if value_tol is None else float(value_tol)
+    args.value_span, args.window, args.steps = float(value_span), int(window), int(steps)
+    args.it0, args.max_iter = int(it0), int(max_iter)
+    args.nthreads = _threads(nb * n, m, 1)
+    return args, updates
+
+
+def symmetric_loop(sq, log_a, u, v, mass_a, state: dict, p: int, kind: str, tau: float, eps: float, tol: float,
+                   value_tol: Optional[float], value_span: float, window: int, it0: int,
+                   max_iter: int) -> torch.Tensor:
+    """The update loop at the target eps of :func:`srot_fast._loop.symmetric` (self-transport; its torch reference,
+    which documents it) in one call of the compiled library, over the stored squared distances sq (B, N, N) of x
+    with itself: every problem of the batch looks and updates until it is done or the loop has run ``max_iter``
+    updates in all (it0 before this call). log_a (B, N), offsets u, v (B, N) or None (u = v), contiguous CPU tensors
+    of sq's float32 / float64 dtype; mass_a (B,) float64. ``state``: f, s (B, N), err (B,) float64, done (B,)
+    bool, n_iter (B,) int64, updated in place (s: the soft-min at the final f). Returns the (B,) int64 updates
+    each problem ran. Call only when :func:`available`."""
+    dtype, (nb, n, _) = sq.dtype, sq.shape
+    if dtype not in (torch.float64, torch.float32):
+        raise ValueError(f"symmetric_loop: float32 / float64 operands expected, got {dtype}")
+    ops = [("sq_x", sq, dtype, (nb, n, n)), ("log_a", log_a, dtype, (nb, n)), ("mass_a", mass_a, torch.float64, (nb,)),
+           ("f", state["f"], dtype, (nb, n)), ("s", state["s"], dtype, (nb, n)),
+           ("err", state["err"], torch.float64, (nb,)), ("done", state["done"], torch.bool, (nb,)),
+           ("n_iter", state["n_iter"], torch.int64, (nb,))]
+    ops += [(name, t, dtype, (nb, n)) for name, t in (("u", u), ("v", v)) if t is not None]
+    args, updates = _loop_args("symmetric_loop", ops, nb, n, n, p, kind, tau, eps, tol, value_tol, value_span,
+                               window, 0, it0, max_iter)
+    (_load().srot_symmetric_loop_f32 if dtype == torch.float32 else _load().srot_symmetric_loop_f64)(
+        ctypes.byref(args))
+    return updates

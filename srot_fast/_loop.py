@@ -15,6 +15,10 @@ second stall, to the end; ``Anderson.track``).
 For partial OT (dummy points) each update ends with the geometry's exact rebalancing step, and the stopping
 test reads the rows of its augmented problem; for KL penalties with the exact step along (f + c, g - c)
 (:func:`kl_translation`).
+On CPU with the compiled library, where the geometry keeps its squared distances (problems of a few hundred
+points), the loop at the target eps -- every look and update until the problem is done -- runs as one call of
+``cpu_ops.alternating_loop`` (``symmetric_loop`` for self-transport), each problem on its own (:func:`_compiled_loop`);
+the torch loop below is its reference, with the same arithmetic (``COMPILED_LOOP = False`` runs it instead).
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ._anderson import QUIT, RESTART_GAP, Anderson, Plain, _cpu_ops, _identity
+from ._anderson import FAR, PLAIN_RUN, QUIT, RESTART_GAP, STALL, Anderson, Plain, _cpu_ops, _identity
 from .geometry import compiled_library
 from .penalties import Penalty
 
@@ -36,6 +40,7 @@ SCALE_ENTER = 3e-2  # ... where its averaged step left the error above this (els
 SCALE_NEAR = 2.0   # ... and unless it lies within this factor of the target and the loose solve before took
                    # at most one update (an easy problem: the target's solve would repeat that work)
 VALUE_SPAN = 100   # the value test may stop a solve at a marginal error of at most this many times tol
+COMPILED_LOOP = True  # the update loop as one call of the compiled library where it applies (_compiled_loop)
 
 
 @dataclass
@@ -329,6 +334,7 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         n_iter = torch.full((batch,), n_done + 1, dtype=torch.int64, device=f.device)
         return Solution(f, g, s, t, n_iter, err, passes, 0, torch.ones_like(err, dtype=torch.bool))
 
+    fresh = stepper is None and vtest is None and col is None  # a loop that starts here (not a compacted batch)
     if stepper is None:  # Anderson acceleration (partial OT: of the update followed by its rebalancing step)
         mask = log_b > -math.inf
         if rebalance is not None:  # the dummy point stays out of the least squares (every rank holds a copy)
@@ -358,6 +364,11 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     elif col is None:  # a loose solve, partial OT: the first look reads the rows only
         col = torch.zeros_like(mass_a)
     it = it0 = int(n_iter.max())
+    if COMPILED_LOOP and native and fresh and rebalance is None and check_every in (None, 1):  # the loop, compiled
+        sol = _compiled_loop(geom, log_a, log_b, pen_a, pen_b, eps, tol, enter_tol, vtest.tol, max_iter, it0,
+                             steps, stepper, translate, f, g, s, t, col, n_iter, mass_a, mass_b, passes, need_t)
+        if sol is not None:
+            return sol
     while True:  # ``steps``: updates at the target eps, carried over by _compact (the value test's windows)
         f_hat = pen_a.aprox(s, eps)
         row = marginal_error(log_a, f, s, f_hat, eps, psum, native) / mass_a
@@ -410,6 +421,65 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         t = geom.softmin_y(log_a + f / eps, eps)
         passes += 1
     return Solution(f, g, s, t, n_iter, err, passes, checks.syncs, done)
+
+
+def _compiled_loop(geom, log_a, log_b, pen_a, pen_b, eps, tol, enter_tol, value_tol, max_iter, it0, steps, stepper,
+                   translate, f, g, s, t, col, n_iter, mass_a, mass_b, passes, need_t) -> Optional[Solution]:
+    """The update loop of :func:`alternating` from its first look on, as one call of the compiled library
+    (``cpu_ops.alternating_loop``: the same arithmetic, each problem of the batch looking and updating until it is
+    done or the cap), where the geometry keeps its squared distances and every operand shares a float32 / float64
+    dtype; None elsewhere (the torch loop runs). Counts passes and looks as the torch loop does without
+    compaction: two passes an update, one look more than the updates of the problem that ran the most."""
+    stored = getattr(geom, "stored_distances", None)
+    sq = stored() if stored is not None else None
+    if sq is None:
+        return None
+    u, v = (None if o is None else o.detach().contiguous() for o in (geom.u, geom.v))
+    offsets = [o for o in (u, v) if o is not None]
+    if not _one_dtype(log_a, log_b, f, g, s, *sq, *offsets):
+        return None
+    state = {"f": f.contiguous().clone(), "g": g.contiguous().clone(), "s": s.contiguous().clone(),
+             "t": torch.empty_like(g).contiguous() if t is None else t.contiguous().clone(),
+             "col": col.double().contiguous().clone(), "err": torch.zeros_like(mass_a),
+             "done": torch.zeros(log_a.shape[0], dtype=torch.bool), "n_iter": n_iter.contiguous().clone()}
+    anderson = None
+    if isinstance(stepper, Anderson):
+        batch, k1, m = log_a.shape[0], stepper.depth + 1, g.shape[-1]
+        anderson = {"mask": stepper.mask, "images": torch.zeros(batch, k1, m, dtype=torch.float64),
+                    "inner": torch.zeros(batch, k1, k1, dtype=torch.float64), "slot": stepper.slot,
+                    "by_value": stepper.by_value, "watch": stepper.watch, "restart_gap": stepper.restart_gap,
+                    "stall": STALL, "plain_run": PLAIN_RUN, "far": FAR}
+        anderson["resid"] = torch.zeros_like(anderson["images"])
+        for name in ("valid", "best", "top", "low", "since", "flat", "rest", "stalls"):
+            anderson[name] = getattr(stepper, name)
+    updates = _cpu_ops().alternating_loop(
+        sq[0], sq[1], log_a.contiguous(), log_b.contiguous(), u, v, mass_a.contiguous(), mass_b.contiguous(), state,
+        anderson, geom.p, pen_a.kind, pen_a.tau, pen_b.kind, pen_b.tau, eps, tol, enter_tol, value_tol, VALUE_SPAN,
+        WINDOW, steps, it0, max_iter, translate)
+    most = int(updates.max()) if updates.numel() else 0
+    return Solution(state["f"], state["g"], state["s"], state["t"] if need_t else None, state["n_iter"],
+                    state["err"], passes + 2 * most, most + 1, state["done"])
+
+
+def _compiled_symmetric(geom, log_a, pen, eps, tol, value_tol, max_iter, it0, f, n_iter, mass_a,
+                        passes) -> Optional[Solution]:
+    """The update loop of :func:`symmetric` as one call of the compiled library (``cpu_ops.symmetric_loop``), as
+    :func:`_compiled_loop`; one pass a look."""
+    stored = getattr(geom, "stored_distances", None)
+    sq = stored(transpose=False) if stored is not None else None
+    if sq is None:
+        return None
+    u, v = (None if o is None else o.detach().contiguous() for o in (geom.u, geom.v))
+    offsets = [o for o in (u, v) if o is not None]
+    if not _one_dtype(log_a, f, sq[0], *offsets):
+        return None
+    state = {"f": f.contiguous().clone(), "s": torch.empty_like(f).contiguous(), "err": torch.zeros_like(mass_a),
+             "done": torch.zeros(log_a.shape[0], dtype=torch.bool), "n_iter": n_iter.contiguous().clone()}
+    updates = _cpu_ops().symmetric_loop(sq[0], log_a.contiguous(), u, v, mass_a.contiguous(), state, geom.p,
+                                        pen.kind, pen.tau, eps, tol, value_tol, VALUE_SPAN, WINDOW, it0, max_iter)
+    looks = (int(updates.max()) if updates.numel() else 0) + 1
+    f, s = state["f"], state["s"]
+    return Solution(f, f, s, s, state["n_iter"], state["err"], passes + looks, looks, state["done"])
 
 
 def centred(sol: Solution, a: torch.Tensor, b: torch.Tensor, pen_a: Penalty, pen_b: Penalty, tol: Optional[float],
@@ -497,6 +567,10 @@ def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optiona
     n_iter = torch.full((batch,), n_done, dtype=torch.int64, device=f.device)
     vtest = _ValueTest(value_tol)
     it = n_done
+    if COMPILED_LOOP and native and check_every in (None, 1):  # the loop below, compiled
+        sol = _compiled_symmetric(geom, log_a, pen, eps, tol, value_tol, max_iter, n_done, f, n_iter, mass_a, passes)
+        if sol is not None:
+            return sol
     while True:
         s = geom.softmin_x(log_a + f / eps, eps)
         passes += 1

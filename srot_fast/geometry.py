@@ -84,6 +84,12 @@ class Geometry:
             self._sq[side] = self._sq[1 - side].transpose(1, 2).contiguous()
         return self._sq[side]
 
+    def stored_distances(self, transpose: bool = True):
+        """(sq, sq_t): the (B, N, M) squared distances and their (B, M, N) transpose (None unless ``transpose``)
+        where this geometry keeps them (:meth:`_stored`), else None."""
+        sq = self._stored(0)
+        return None if sq is None else (sq, self._stored(1) if transpose else None)
+
     def release(self) -> None:
         """Frees the stored distances (the passes after this stream)."""
         self._sq = False

@@ -407,6 +407,107 @@ def test_compiled_bookkeeping_only_where_the_library_serves_the_geometry():
     assert out.dtype == torch.float16 and out.shape == (1, 7)
 
 
+def _loop_calls(monkeypatch):
+    """Counts of the compiled loops' calls, {"alternating": k, "symmetric": k}, as the solver makes them."""
+    from srot_fast.kernels import cpu_ops
+
+    calls = {"alternating": 0, "symmetric": 0}
+
+    def counting(key, fn):
+        def counted(*args, **kw):
+            calls[key] += 1
+            return fn(*args, **kw)
+        return counted
+
+    for key, name in (("alternating", "alternating_loop"), ("symmetric", "symmetric_loop")):
+        monkeypatch.setattr(cpu_ops, name, counting(key, getattr(cpu_ops, name)))
+    return calls
+
+
+@_COMPILED
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+@pytest.mark.parametrize("problem", ["balanced", "kl", "tv", "kl_one_side"])
+@pytest.mark.parametrize("offsets", [False, True])
+def test_compiled_loop_equals_the_torch_loop(dtype, problem, offsets, monkeypatch):
+    """The update loop as one compiled call (``_loop.COMPILED_LOOP``, small problems over stored distances) and the
+    torch loop that calls the compiled bookkeeping one step at a time: the same updates and potentials, on a batch
+    of 4 with zero weights (each problem stopping at its own update) and alone; accelerated with and without the
+    value test, plain, and capped at 25 updates (not converged). Measured equal to the last bit; allowed: float64
+    1e-12, float32 1e-5 relative (another CPU may round a sum differently in one path)."""
+    from srot_fast import _loop
+
+    kw = {"balanced": {}, "kl": dict(penalty="kl", tau=1.0), "tv": dict(penalty="tv", tau=0.5),
+          "kl_one_side": dict(penalty="kl", tau=(0.5, None))}[problem]
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 40, 2, generator=gen, dtype=F64).to(dtype)
+    y = (0.7 * torch.randn(4, 50, 2, generator=gen, dtype=F64) + 0.5).to(dtype)
+    a, b = torch.rand(4, 40, generator=gen, dtype=F64), torch.rand(4, 50, generator=gen, dtype=F64)
+    a[:, :3] = 0
+    a, b = (a / a.sum(-1, keepdim=True)).to(dtype), (b / b.sum(-1, keepdim=True)).to(dtype)
+    if offsets:
+        kw["u"] = (0.5 * torch.rand(4, 40, generator=gen, dtype=F64)).to(dtype)
+        kw["v"] = (0.5 * torch.rand(4, 50, generator=gen, dtype=F64)).to(dtype)
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == F64 else dict(rtol=1e-5, atol=1e-5)
+    calls = _loop_calls(monkeypatch)
+    for opts in (dict(), dict(value_tol=1e-5), dict(accelerate=False), dict(max_iter=25), dict(one=True)):
+        one = opts.pop("one", False)
+        args = (x[:1], y[:1], a[:1], b[:1]) if one else (x, y, a, b)
+        kw1 = {k: (v[:1] if one and torch.is_tensor(v) else v) for k, v in kw.items()}
+        runs = []
+        for compiled in (False, True):
+            monkeypatch.setattr(_loop, "COMPILED_LOOP", compiled)
+            before = calls["alternating"]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                res = sinkhorn(*args, p=2, eps=0.01, backend="cpu", **kw1, **opts)
+            assert (calls["alternating"] > before) == compiled
+            runs.append(res)
+        torch_res, compiled_res = runs
+        assert torch.equal(torch.as_tensor(compiled_res.n_iter), torch.as_tensor(torch_res.n_iter)), opts
+        for name in ("f", "g", "value"):
+            torch.testing.assert_close(getattr(compiled_res, name), getattr(torch_res, name), **tol)
+        if not one:
+            assert len(set(torch_res.n_iter.tolist())) > 1  # the problems stopped at different updates
+        if "max_iter" in opts:
+            assert not bool(compiled_res.converged.any())
+
+
+@_COMPILED
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+@pytest.mark.parametrize("reach", [None, 0.5])
+def test_compiled_self_transport_loop_equals_the_torch_loop(dtype, reach, monkeypatch):
+    """The debiased loss (two self-transport solves beside the main one) with the compiled loops and with the torch
+    loops: the same value and gradient (measured equal to the last bit; allowed float64 1e-12, float32 1e-5
+    relative) and updates, alone and on a batch of 3, p = 1 and 2, with the default value test; and only the
+    streaming passes' geometry (no stored distances) keeps the torch loops."""
+    from srot_fast import _loop, geometry
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 60, 3, generator=gen, dtype=F64).to(dtype)
+    y = (torch.randn(3, 45, 3, generator=gen, dtype=F64) + 0.5).to(dtype)
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == F64 else dict(rtol=1e-5, atol=1e-5)
+    calls = _loop_calls(monkeypatch)
+    for p, args in ((1, (x, y)), (2, (x, y)), (2, (x[0], y[0]))):
+        runs = []
+        for compiled in (False, True):
+            monkeypatch.setattr(_loop, "COMPILED_LOOP", compiled)
+            before = dict(calls)
+            xg = args[0].clone().requires_grad_()
+            loss = SROTLoss(p=p, reach=reach, backend="cpu")
+            value = loss(xg, args[1])
+            value.sum().backward()
+            assert all((calls[k] > before[k]) == compiled for k in calls)
+            runs.append((value.detach(), xg.grad, torch.as_tensor(loss.last_result.n_iter)))
+        (v0, g0, n0), (v1, g1, n1) = runs
+        torch.testing.assert_close(v1, v0, **tol)
+        torch.testing.assert_close(g1, g0, **tol)
+        assert torch.equal(n1, n0)
+    monkeypatch.setattr(geometry, "STORE_SMALL", 0)  # d = 3 < STORE_MIN_D: no stored distances
+    before = dict(calls)
+    SROTLoss(p=2, reach=reach, backend="cpu")(x, y)
+    assert calls == before
+
+
 @_COMPILED
 @pytest.mark.parametrize("watch, quit", [(True, 0), (False, 2)])
 def test_compiled_stall_watch_and_replacement_equal_the_torch_ones(watch, quit):

@@ -605,7 +605,7 @@ void prune_task(int64_t s, Boxes rb, Boxes rs, int64_t nrb, Boxes cb, Boxes cs, 
 extern "C" {
 
 // Version of the entry points below; the loader refuses a library whose version differs from its own.
-int srot_abi_version() { return 9; }
+int srot_abi_version() { return 10; }
 
 // Every entry point takes a batch of nbatch problems of the same sizes (n, m, d): problem b reads
 // x + b * sx (n, d) row-major, yt + b * syt (d, ld) = y transposed with ld = m rounded up to a multiple of
@@ -1275,5 +1275,262 @@ extern "C" {
 
 SROT_DEFINE_PARTIAL(float, f32)
 SROT_DEFINE_PARTIAL(double, f64)
+
+}  // extern "C"
+
+// ---------------------------------------------------------------------------------------------------------------
+// The alternating loop at the target eps over stored squared distances, srot_fast/_loop.py (alternating, its torch
+// reference, which documents it): for each problem of the batch, the looks and updates of that loop until the
+// problem is done or the loop's update cap, composed of the functions above on the problem's own slices. The same
+// arithmetic as the torch loop that calls those functions one at a time: a problem's updates never read another
+// problem, and the ring buffer's slot advances with every update of the batch as with every update of the problem.
+// Not for partial OT (rebalancing step) and not for a loop that looks every k > 1 updates.
+namespace {
+
+struct LoopArgs {
+  // operands: sq_x (nb, n, m) and sq_y (nb, m, n) stored squared distances; la (nb, n), lb (nb, m) log-weights;
+  // u (nb, n), v (nb, m) cost offsets or null; mass_a, mass_b (nb,) float64 total weights; mask (nb, m) float64
+  const void *sq_x, *sq_y, *la, *lb, *u, *v;
+  const double *mass_a, *mass_b, *mask;
+  // state, updated in place: f, s (nb, n), g, t (nb, m) in the dtype; col, err (nb,) float64; done (nb,);
+  // n_iter (nb,) += the updates run, also written to updates (nb,)
+  void *f, *g, *s, *t;
+  double *col, *err;
+  uint8_t* done;
+  int64_t *n_iter, *updates;
+  // Anderson's state (srot_fast/_anderson.py): images, resid (nb, k1, m), inner (nb, k1, k1), valid (nb, k1),
+  // best, top, low (nb,) float64, since, flat, rest, stalls (nb,) int64
+  double *images, *resid, *inner;
+  uint8_t* valid;
+  double *best, *top, *low;
+  int64_t *since, *flat, *rest, *stalls;
+  int64_t nb, n, m, p;
+  int64_t kind_a, kind_b;          // penalty kinds (0 balanced, 1 KL, 2 TV) and strengths
+  double tau_a, tau_b, eps;
+  double tol, enter_tol;           // enter_tol < 0: none
+  double value_tol, value_span;    // value_tol < 0: no value test
+  int64_t window, steps;           // the value test reads every window updates at the target eps; steps so far
+  int64_t it0, max_iter;           // the loop's update count at the start, and its cap
+  int64_t accelerate, by_value, watch, translate;
+  int64_t k1, slot, gap, stall, plain_run;
+  double far_limit;
+  int64_t nthreads;
+};
+
+// Penalty.aprox (srot_fast/penalties.py) in the dtype: s (balanced), s * tau / (tau + eps) (KL), clamp(s, -tau, tau)
+template <typename T> void aprox(int64_t kind, double tau, double eps, const T* s, int64_t len, T* out) {
+  if (kind == 1) {
+    const T r = T(tau / (tau + eps));
+    for (int64_t i = 0; i < len; ++i) out[i] = s[i] * r;
+  } else if (kind == 2) {
+    const T lo = T(-tau), hi = T(tau);
+    for (int64_t i = 0; i < len; ++i) out[i] = std::isnan(s[i]) ? s[i] : std::min(std::max(s[i], lo), hi);
+  } else {
+    std::memcpy(out, s, sizeof(T) * len);
+  }
+}
+
+// Geometry.softmin_x / softmin_y (srot_fast/geometry.py) for one problem: out = -eps LSE_j[lw_j + pot_j / eps -
+// off_j / eps - sq_ij / eps] + row_i, the offsets off (of the columns) and row (of the rows) optional; h is scratch
+template <typename T>
+void pass(const T* sq, const T* lw, const T* pot, const T* off, const T* row, int64_t n, int64_t m, int p,
+          double eps, T* h, T* out, int nthreads) {
+  const T e = T(eps);
+  for (int64_t j = 0; j < m; ++j) h[j] = lw[j] + pot[j] / e;
+  if (off != nullptr)
+    for (int64_t j = 0; j < m; ++j) h[j] = h[j] - off[j] / e;
+  softmin_stored<T>(sq, h, 1, n, m, n * m, m, p, eps, out, n, nthreads);
+  if (row != nullptr)
+    for (int64_t i = 0; i < n; ++i) out[i] = out[i] + row[i];
+}
+
+// NaN-propagating max and clamp_min, as torch.maximum and clamp_min
+inline double nan_max(double a, double b) { return (std::isnan(a) || std::isnan(b)) ? a + b : std::max(a, b); }
+inline double clamp_min(double a, double lo) { return std::isnan(a) ? a : std::max(a, lo); }
+
+// The value test of one problem (srot_fast/_loop.py, _ValueTest.passed): fed the dual objective at each reading,
+// whether the estimated remaining rise is within tol |value| (never at the first 3 readings)
+struct ValueTest {
+  double prev = 0, rise = 0, ratio = 0;
+  int64_t reads = 0;
+  bool passed(double value, double tol) {
+    bool out = false;
+    if (reads >= 1) {
+      const double d = value - prev;
+      if (reads >= 2) {
+        const double r = rise > 0 ? d / clamp_min(rise, 1e-300) : std::numeric_limits<double>::infinity();
+        if (reads >= 3) {
+          const double r_max = nan_max(r, ratio);
+          const double tail = d * r_max / clamp_min(1 - r_max, 1e-300);
+          out = d >= 0 && r_max < 1 && tail <= tol * std::fabs(value);
+        }
+        ratio = r;
+      }
+      rise = d;
+    }
+    prev = value;
+    ++reads;
+    return out;
+  }
+};
+
+template <typename T> void loop_problem(const LoopArgs& A, int64_t b, int nthreads) {
+  const int64_t n = A.n, m = A.m, k1 = A.k1;
+  const double eps = A.eps, nan = std::numeric_limits<double>::quiet_NaN();
+  const T* sqx = static_cast<const T*>(A.sq_x) + b * n * m;
+  const T* sqy = static_cast<const T*>(A.sq_y) + b * n * m;
+  const T* la = static_cast<const T*>(A.la) + b * n;
+  const T* lb = static_cast<const T*>(A.lb) + b * m;
+  const T* u = A.u == nullptr ? nullptr : static_cast<const T*>(A.u) + b * n;
+  const T* v = A.v == nullptr ? nullptr : static_cast<const T*>(A.v) + b * m;
+  T* f = static_cast<T*>(A.f) + b * n;
+  T* g = static_cast<T*>(A.g) + b * m;
+  T* s = static_cast<T*>(A.s) + b * n;
+  T* t = static_cast<T*>(A.t) + b * m;
+  std::vector<T> fhat_buf(n), ghat_buf(m), gnew(m), h(std::max(n, m));
+  const T* fhat = A.kind_a == 0 ? s : fhat_buf.data();  // balanced: A(s) = s
+  const T* ghat = A.kind_b == 0 ? t : ghat_buf.data();
+  double col = A.col[b], err = A.err[b];
+  const double rate_a = A.kind_a == 0 ? 0.0 : 1.0 / A.tau_a, rate_b = A.kind_b == 0 ? 0.0 : 1.0 / A.tau_b;
+  const uint8_t not_done = 0;
+  bool done = A.done[b] != 0;
+  ValueTest vtest;
+  int64_t k = 0;
+  for (;;) {
+    const int64_t it = A.it0 + k, steps = A.steps + k;
+    if (A.kind_a != 0) aprox<T>(A.kind_a, A.tau_a, eps, s, n, fhat_buf.data());
+    double row;
+    marginal_error<T>(la, f, s, A.kind_a == 0 ? nullptr : fhat, 1, n, eps, &row);
+    row /= A.mass_a[b];
+    err = row + col;
+    const bool read = A.value_tol >= 0 && steps % A.window == 0;
+    double value = nan;
+    if (read || A.by_value)
+      dual_value<T>(la, lb, fhat, g, s, 1, n, m, int(A.kind_a), A.tau_a, int(A.kind_b), A.tau_b, eps, &value);
+    if (read) done = done || (vtest.passed(value, A.value_tol) && err <= A.value_span * A.tol);
+    const double limit = (A.enter_tol < 0 || it > A.it0) ? A.tol : std::max(A.tol, A.enter_tol);
+    done = done || err <= limit;
+    const uint8_t done_u8 = done;
+    if (A.accelerate && A.watch)
+      srot_track(&err, &done_u8, A.low + b, A.flat + b, A.rest + b, A.stalls + b, 1, 1, 0, A.stall, A.plain_run);
+    if (done || it >= A.max_iter) break;
+    // the update: f = A_a(S_x(g)), t = S_y(f), g from T(g) = A_b(t)
+    if (A.kind_a != 0) std::memcpy(f, fhat, sizeof(T) * n);
+    else std::memcpy(f, s, sizeof(T) * n);
+    pass<T>(sqy, la, f, u, v, m, n, int(A.p), eps, h.data(), t, nthreads);
+    if (A.kind_b != 0) aprox<T>(A.kind_b, A.tau_b, eps, t, m, ghat_buf.data());
+    if (A.accelerate) {
+      const int64_t w = (A.slot + k) % k1;
+      anderson_step<T>(g, ghat, &row, A.by_value ? &value : nullptr, &not_done, A.mask + b * m,
+                       A.images + b * k1 * m, A.resid + b * k1 * m, A.inner + b * k1 * k1, A.valid + b * k1,
+                       A.best + b, A.top + b, A.since + b, 1, k1, m, w, A.gap, gnew.data());
+      std::memcpy(g, gnew.data(), sizeof(T) * m);
+      if (!A.translate) {  // an accelerated g leaves the column marginal off: measured; too far or resting: T(g)
+        marginal_error<T>(lb, g, t, A.kind_b == 0 ? nullptr : ghat, 1, m, eps, &col);
+        col /= A.mass_b[b];
+        uint8_t far = 0;
+        srot_replaced(&col, &not_done, A.best + b, A.valid + b * k1, A.rest + b, A.stalls + b, 1, k1, w,
+                      A.far_limit, int(A.by_value), 0, &far);
+        if (far) {
+          std::memcpy(g, ghat, sizeof(T) * m);
+          col = 0.0;
+        }
+      }
+    } else {  // plain: g = T(g), exact columns
+      std::memcpy(g, ghat, sizeof(T) * m);
+      col = 0.0;
+    }
+    pass<T>(sqx, lb, g, v, u, n, m, int(A.p), eps, h.data(), s, nthreads);
+    if (A.translate) {  // KL: the exact step along (f + c, g - c); the soft-mins shift with the potentials
+      double c64;
+      kl_translation<T>(la, f, lb, g, 1, n, m, rate_a, rate_b, &c64);
+      const T c = T(c64);
+      for (int64_t i = 0; i < n; ++i) {
+        f[i] = f[i] + c;
+        s[i] = s[i] + c;
+      }
+      for (int64_t j = 0; j < m; ++j) {
+        g[j] = g[j] - c;
+        t[j] = t[j] - c;
+      }
+      if (A.kind_b != 0) aprox<T>(A.kind_b, A.tau_b, eps, t, m, ghat_buf.data());
+      marginal_error<T>(lb, g, t, A.kind_b == 0 ? nullptr : ghat, 1, m, eps, &col);
+      col /= A.mass_b[b];
+    }
+    ++k;
+  }
+  A.col[b] = col;
+  A.err[b] = err;
+  A.done[b] = done;
+  A.n_iter[b] += k;
+  A.updates[b] = k;
+}
+
+// The self-transport loop (srot_fast/_loop.py, symmetric, its torch reference) of one problem over the stored
+// squared distances sq_x (n, n) of x with itself: averaged updates f <- (f + A(S(f))) / 2 (the offsets u of the
+// rows, v of the columns: u = v). Reads sq_x, la, u, v, mass_a; updates f, s, err, done, n_iter, updates.
+template <typename T> void symmetric_problem(const LoopArgs& A, int64_t b, int nthreads) {
+  const int64_t n = A.n;
+  const double eps = A.eps;
+  const T* sq = static_cast<const T*>(A.sq_x) + b * n * n;
+  const T* la = static_cast<const T*>(A.la) + b * n;
+  const T* u = A.u == nullptr ? nullptr : static_cast<const T*>(A.u) + b * n;
+  const T* v = A.v == nullptr ? nullptr : static_cast<const T*>(A.v) + b * n;
+  T* f = static_cast<T*>(A.f) + b * n;
+  T* s = static_cast<T*>(A.s) + b * n;
+  std::vector<T> fhat_buf(n), h(n);
+  const T* fhat = A.kind_a == 0 ? s : fhat_buf.data();
+  ValueTest vtest;
+  double err = A.err[b];
+  bool done = A.done[b] != 0;
+  int64_t k = 0;
+  for (;;) {
+    pass<T>(sq, la, f, v, u, n, n, int(A.p), eps, h.data(), s, nthreads);
+    if (A.kind_a != 0) aprox<T>(A.kind_a, A.tau_a, eps, s, n, fhat_buf.data());
+    marginal_error<T>(la, f, s, A.kind_a == 0 ? nullptr : fhat, 1, n, eps, &err);
+    err /= A.mass_a[b];
+    if (A.value_tol >= 0 && (A.steps + k) % A.window == 0) {
+      double value;
+      dual_value<T>(la, la, fhat, f, s, 1, n, n, int(A.kind_a), A.tau_a, int(A.kind_a), A.tau_a, eps, &value);
+      done = done || (vtest.passed(value, A.value_tol) && err <= A.value_span * A.tol);
+    }
+    done = done || err <= A.tol;
+    if (done || A.it0 + k >= A.max_iter) break;
+    const T half = T(0.5);
+    for (int64_t i = 0; i < n; ++i) f[i] = f[i] + half * (fhat[i] - f[i]);
+    ++k;
+  }
+  A.err[b] = err;
+  A.done[b] = done;
+  A.n_iter[b] += k;
+  A.updates[b] = k;
+}
+
+}  // namespace
+
+extern "C" {
+
+#define SROT_DEFINE_LOOP(T, SUF)                                                                            \
+  void srot_loop_##SUF(const LoopArgs* args) {                                                             \
+    const LoopArgs& A = *args;                                                                             \
+    if (A.nb == 1) {                                                                                       \
+      loop_problem<T>(A, 0, int(A.nthreads));                                                              \
+      return;                                                                                              \
+    }                                                                                                      \
+    _Pragma("omp parallel for num_threads(A.nthreads) schedule(dynamic, 1)")                               \
+    for (int64_t b = 0; b < A.nb; ++b) loop_problem<T>(A, b, 1);                                           \
+  }                                                                                                        \
+  void srot_symmetric_loop_##SUF(const LoopArgs* args) {                                                   \
+    const LoopArgs& A = *args;                                                                             \
+    if (A.nb == 1) {                                                                                       \
+      symmetric_problem<T>(A, 0, int(A.nthreads));                                                         \
+      return;                                                                                              \
+    }                                                                                                      \
+    _Pragma("omp parallel for num_threads(A.nthreads) schedule(dynamic, 1)")                               \
+    for (int64_t b = 0; b < A.nb; ++b) symmetric_problem<T>(A, b, 1);                                      \
+  }
+
+SROT_DEFINE_LOOP(float, f32)
+SROT_DEFINE_LOOP(double, f64)
 
 }  // extern "C"
