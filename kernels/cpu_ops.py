@@ -538,7 +538,7 @@ def _loop_fields():
             + [(name, d) for name in ("tau_a", "tau_b", "eps", "tol", "enter_tol", "value_tol", "value_span")]
             + [(name, i) for name in ("window", "steps", "it0", "max_iter", "accelerate", "by_value", "watch",
                                       "translate", "k1", "slot", "gap", "stall", "plain_run")]
-            + [("far_limit", d), ("nthreads", i)])
+            + [("far_limit", d), ("nthreads", i), ("last", p), ("log_mass", d), ("quit", i)])
 
 
 class _LoopArgs(ctypes.Structure):
@@ -550,26 +550,34 @@ class _LoopArgs(ctypes.Structure):
 def alternating_loop(sq_x, sq_y, log_a, log_b, u, v, mass_a, mass_b, state: dict, anderson: Optional[dict],
                      p: int, kind_a: str, tau_a: float, kind_b: str, tau_b: float, eps: float, tol: float,
                      enter_tol: Optional[float], value_tol: Optional[float], value_span: float, window: int,
-                     steps: int, it0: int, max_iter: int, translate: bool) -> torch.Tensor:
+                     steps: int, it0: int, max_iter: int, translate: bool, last: Optional[torch.Tensor] = None,
+                     mass: float = 1.0) -> torch.Tensor:
     """The update loop at the target eps of :func:`srot_fast._loop.alternating` (its torch reference, which documents
-    it) in one call of the compiled library, for a plain (not partial) problem over stored squared distances:
-    every problem of the batch looks and updates until it is done or the loop has run ``max_iter`` updates in all
-    (it0 before this call). Operands: sq_x (B, N, M) and sq_y (B, M, N) squared distances, log_a (B, N), log_b
-    (B, M), u (B, N) and v (B, M) cost offsets or None, all contiguous CPU tensors of one float32 / float64 dtype;
+    it) in one call of the compiled library, over stored squared distances: every problem of the batch looks and
+    updates until it is done or the loop has run ``max_iter`` updates in all (it0 before this call). Operands:
+    sq_x (B, N, M) and sq_y (B, M, N) squared distances, log_a (B, N), log_b (B, M), u (B, N) and v (B, M) cost
+    offsets or None, all contiguous CPU tensors of one float32 / float64 dtype;
     mass_a, mass_b (B,) float64 total weights. ``state``: f, s (B, N), g, t (B, M) in that dtype, col, err (B,)
     float64, done (B,) bool, n_iter (B,) int64, updated in place. ``anderson``: the state of
     :class:`srot_fast._anderson.Anderson` (its fields ``mask``, ``images``, ``resid``, ``inner``, ``valid``,
     ``best``, ``top``, ``low``, ``since``, ``flat``, ``rest``, ``stalls`` (history allocated) and ``slot``,
-    ``by_value``, ``watch``, ``restart_gap``, ``stall``, ``plain_run``, ``far``), updated in place; None: plain
-    updates. Returns the (B,) int64 updates each problem ran. Call only when :func:`available`."""
+    ``by_value``, ``watch``, ``quit``, ``restart_gap``, ``stall``, ``plain_run``, ``far``), updated in place; None:
+    plain updates. Partial OT of transported ``mass`` (:class:`srot_fast.geometry.PartialGeometry`, balanced
+    penalties) where ``last`` (B, N) is given, the real part of the row soft-min, updated in place: then log_a, f,
+    s (B, N + 1) and log_b, g, t (B, M + 1) hold the dummy points too. Returns the (B,) int64 updates each problem
+    ran. Call only when :func:`available`."""
     dtype, (nb, n, m) = sq_x.dtype, sq_x.shape
+    nr, mr = n, m  # the real points
+    if last is not None:
+        n, m = n + 1, m + 1
     f64, i64 = torch.float64, torch.int64
-    ops = [("sq_x", sq_x, dtype, (nb, n, m)), ("sq_y", sq_y, dtype, (nb, m, n)), ("log_a", log_a, dtype, (nb, n)),
+    ops = [("sq_x", sq_x, dtype, (nb, nr, mr)), ("sq_y", sq_y, dtype, (nb, mr, nr)), ("log_a", log_a, dtype, (nb, n)),
            ("log_b", log_b, dtype, (nb, m)), ("mass_a", mass_a, f64, (nb,)), ("mass_b", mass_b, f64, (nb,)),
            ("f", state["f"], dtype, (nb, n)), ("s", state["s"], dtype, (nb, n)), ("g", state["g"], dtype, (nb, m)),
            ("t", state["t"], dtype, (nb, m)), ("col", state["col"], f64, (nb,)), ("err", state["err"], f64, (nb,)),
            ("done", state["done"], torch.bool, (nb,)), ("n_iter", state["n_iter"], i64, (nb,))]
-    ops += [(name, t, dtype, shape) for name, t, shape in (("u", u, (nb, n)), ("v", v, (nb, m))) if t is not None]
+    ops += [(name, t, dtype, shape) for name, t, shape in (("u", u, (nb, nr)), ("v", v, (nb, mr)),
+                                                            ("last", last, (nb, nr))) if t is not None]
     if dtype not in (f64, torch.float32):
         raise ValueError(f"alternating_loop: float32 / float64 operands expected, got {dtype}")
     if anderson is not None:
@@ -584,11 +592,13 @@ def alternating_loop(sq_x, sq_y, log_a, log_b, u, v, mass_a, mass_b, state: dict
     args.kind_b, args.tau_b = _KINDS[kind_b], float(tau_b)
     args.enter_tol = -1.0 if enter_tol is None else float(enter_tol)
     args.translate, args.accelerate = int(translate), int(anderson is not None)
+    args.log_mass = math.log(mass)
     if anderson is not None:
         args.by_value, args.watch, args.k1 = int(anderson["by_value"]), int(anderson["watch"]), k1
         args.slot, args.gap = int(anderson["slot"]), int(anderson["restart_gap"])
         args.stall, args.plain_run, args.far_limit = int(anderson["stall"]), int(anderson["plain_run"]), \
             float(anderson["far"])
+        args.quit = int(anderson["quit"])
     (_load().srot_loop_f32 if dtype == torch.float32 else _load().srot_loop_f64)(ctypes.byref(args))
     return updates
 

@@ -364,9 +364,12 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     elif col is None:  # a loose solve, partial OT: the first look reads the rows only
         col = torch.zeros_like(mass_a)
     it = it0 = int(n_iter.max())
-    if COMPILED_LOOP and native and fresh and rebalance is None and check_every in (None, 1):  # the loop, compiled
+    partial = getattr(geom, "real", None) is not None  # (plain updates of partial OT: no rebalancing step)
+    if (COMPILED_LOOP and native and fresh and check_every in (None, 1)
+            and (not partial or (rebalance is not None and pen_a.balanced and pen_b.balanced))):  # the loop, compiled
         sol = _compiled_loop(geom, log_a, log_b, pen_a, pen_b, eps, tol, enter_tol, vtest.tol, max_iter, it0,
-                             steps, stepper, translate, f, g, s, t, col, n_iter, mass_a, mass_b, passes, need_t)
+                             steps, stepper, translate, f, g, s, t, col, n_iter, mass_a, mass_b, passes, need_t,
+                             partial)
         if sol is not None:
             return sol
     while True:  # ``steps``: updates at the target eps, carried over by _compact (the value test's windows)
@@ -406,8 +409,9 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
                 g = torch.where(stepper.resting[:, None] & ~done[:, None], g_hat, g)
             col = torch.zeros_like(col) if idle else torch.where(done, col, torch.zeros_like(col))
         s = geom.softmin_x(log_b + g / eps, eps)
-        if rebalance is not None:
-            f, g, s = rebalance(f, g, log_b, eps, log_a)
+        if rebalance is not None:  # a finished problem keeps the potentials that passed its test
+            stepped = rebalance(f, g, log_b, eps, log_a)
+            f, g, s = stepped if idle else (torch.where(done[:, None], a, b) for a, b in zip((f, g, s), stepped))
         elif translate:  # the soft-mins shift with the potentials (S_x(g - c) = S_x(g) + c): no pass
             c = kl_translation(pen_a, pen_b, log_a, f, log_b, g, psum, native)
             c = torch.where(done, 0.0, c).to(f.dtype)[:, None]
@@ -424,20 +428,29 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
 
 
 def _compiled_loop(geom, log_a, log_b, pen_a, pen_b, eps, tol, enter_tol, value_tol, max_iter, it0, steps, stepper,
-                   translate, f, g, s, t, col, n_iter, mass_a, mass_b, passes, need_t) -> Optional[Solution]:
+                   translate, f, g, s, t, col, n_iter, mass_a, mass_b, passes, need_t,
+                   partial: bool) -> Optional[Solution]:
     """The update loop of :func:`alternating` from its first look on, as one call of the compiled library
     (``cpu_ops.alternating_loop``: the same arithmetic, each problem of the batch looking and updating until it is
-    done or the cap), where the geometry keeps its squared distances and every operand shares a float32 / float64
-    dtype; None elsewhere (the torch loop runs). Counts passes and looks as the torch loop does without
-    compaction: two passes an update, one look more than the updates of the problem that ran the most."""
-    stored = getattr(geom, "stored_distances", None)
+    done or the cap), where the geometry (``partial``: the real one of a PartialGeometry) keeps its squared
+    distances and every operand shares a float32 / float64 dtype; None elsewhere (the torch loop runs). Counts
+    passes and looks as the torch loop does without compaction: two passes an update, one look more than the
+    updates of the problem that ran the most."""
+    real = geom.real if partial else geom
+    stored = getattr(real, "stored_distances", None)
     sq = stored() if stored is not None else None
     if sq is None:
         return None
-    u, v = (None if o is None else o.detach().contiguous() for o in (geom.u, geom.v))
+    u, v = (None if o is None else o.detach().contiguous() for o in (real.u, real.v))
     offsets = [o for o in (u, v) if o is not None]
     if not _one_dtype(log_a, log_b, f, g, s, *sq, *offsets):
         return None
+    last = None
+    if partial:  # the real row soft-min, and t where a problem takes no update (the torch loop: a pass at f)
+        last = torch.empty_like(f[:, :-1]).contiguous()
+        if t is None and need_t:
+            t = geom.softmin_y(log_a + f / eps, eps)
+            passes += 1
     state = {"f": f.contiguous().clone(), "g": g.contiguous().clone(), "s": s.contiguous().clone(),
              "t": torch.empty_like(g).contiguous() if t is None else t.contiguous().clone(),
              "col": col.double().contiguous().clone(), "err": torch.zeros_like(mass_a),
@@ -447,15 +460,18 @@ def _compiled_loop(geom, log_a, log_b, pen_a, pen_b, eps, tol, enter_tol, value_
         batch, k1, m = log_a.shape[0], stepper.depth + 1, g.shape[-1]
         anderson = {"mask": stepper.mask, "images": torch.zeros(batch, k1, m, dtype=torch.float64),
                     "inner": torch.zeros(batch, k1, k1, dtype=torch.float64), "slot": stepper.slot,
-                    "by_value": stepper.by_value, "watch": stepper.watch, "restart_gap": stepper.restart_gap,
+                    "by_value": stepper.by_value, "watch": stepper.watch, "quit": stepper.quit,
+                    "restart_gap": stepper.restart_gap,
                     "stall": STALL, "plain_run": PLAIN_RUN, "far": FAR}
         anderson["resid"] = torch.zeros_like(anderson["images"])
         for name in ("valid", "best", "top", "low", "since", "flat", "rest", "stalls"):
             anderson[name] = getattr(stepper, name)
     updates = _cpu_ops().alternating_loop(
         sq[0], sq[1], log_a.contiguous(), log_b.contiguous(), u, v, mass_a.contiguous(), mass_b.contiguous(), state,
-        anderson, geom.p, pen_a.kind, pen_a.tau, pen_b.kind, pen_b.tau, eps, tol, enter_tol, value_tol, VALUE_SPAN,
-        WINDOW, steps, it0, max_iter, translate)
+        anderson, real.p, pen_a.kind, pen_a.tau, pen_b.kind, pen_b.tau, eps, tol, enter_tol, value_tol, VALUE_SPAN,
+        WINDOW, steps, it0, max_iter, translate, last, geom.mass if partial else 1.0)
+    if partial:
+        geom._last_real = last
     most = int(updates.max()) if updates.numel() else 0
     return Solution(state["f"], state["g"], state["s"], state["t"] if need_t else None, state["n_iter"],
                     state["err"], passes + 2 * most, most + 1, state["done"])

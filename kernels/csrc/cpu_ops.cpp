@@ -1284,7 +1284,8 @@ SROT_DEFINE_PARTIAL(double, f64)
 // problem is done or the loop's update cap, composed of the functions above on the problem's own slices. The same
 // arithmetic as the torch loop that calls those functions one at a time: a problem's updates never read another
 // problem, and the ring buffer's slot advances with every update of the batch as with every update of the problem.
-// Not for partial OT (rebalancing step) and not for a loop that looks every k > 1 updates.
+// A finished problem stops (the torch loop keeps it frozen). Partial OT: partial_problem below. Not for a loop
+// that looks every k > 1 updates.
 namespace {
 
 struct LoopArgs {
@@ -1315,6 +1316,13 @@ struct LoopArgs {
   int64_t k1, slot, gap, stall, plain_run;
   double far_limit;
   int64_t nthreads;
+  // partial OT (srot_fast/geometry.py, PartialGeometry): f, s, la (nb, n) and g, t, lb (nb, m) include the dummy
+  // points, the stored distances and the offsets are those of the n - 1 and m - 1 real points; last (nb, n - 1)
+  // the real part of the last row soft-min, updated in place; log_mass the log of the transported mass; quit: the
+  // stall watch's plain steps to the end after this many stalls
+  void* last;
+  double log_mass;
+  int64_t quit;
 };
 
 // Penalty.aprox (srot_fast/penalties.py) in the dtype: s (balanced), s * tau / (tau + eps) (KL), clamp(s, -tau, tau)
@@ -1466,6 +1474,74 @@ template <typename T> void loop_problem(const LoopArgs& A, int64_t b, int nthrea
   A.updates[b] = k;
 }
 
+// The loop of partial OT over its dummy points (srot_fast/_loop.py, alternating with a PartialGeometry, its torch
+// reference): as loop_problem with balanced penalties, but each soft-min is the real pass followed by the dummy
+// points' closed forms (partial_augment), the row pass is followed by the rebalancing step (partial_rebalance,
+// which gives the row soft-min), the stopping test reads the rows only, and a resting problem takes T(g).
+template <typename T> void partial_problem(const LoopArgs& A, int64_t b, int nthreads) {
+  const int64_t n = A.n, m = A.m, nr = n - 1, mr = m - 1, k1 = A.k1;
+  const double eps = A.eps, nan = std::numeric_limits<double>::quiet_NaN();
+  const T* sqx = static_cast<const T*>(A.sq_x) + b * nr * mr;
+  const T* sqy = static_cast<const T*>(A.sq_y) + b * nr * mr;
+  const T* la = static_cast<const T*>(A.la) + b * n;
+  const T* lb = static_cast<const T*>(A.lb) + b * m;
+  const T* u = A.u == nullptr ? nullptr : static_cast<const T*>(A.u) + b * nr;
+  const T* v = A.v == nullptr ? nullptr : static_cast<const T*>(A.v) + b * mr;
+  T* f = static_cast<T*>(A.f) + b * n;
+  T* g = static_cast<T*>(A.g) + b * m;
+  T* s = static_cast<T*>(A.s) + b * n;
+  T* t = static_cast<T*>(A.t) + b * m;
+  T* last = static_cast<T*>(A.last) + b * nr;
+  std::vector<T> gnew(m), hp(std::max(n, m)), hf(std::max(n, m)), real(mr);
+  const T e = T(eps);
+  const uint8_t not_done = 0;
+  double col = A.col[b], err = A.err[b];
+  bool done = A.done[b] != 0;
+  ValueTest vtest;
+  int64_t k = 0;
+  for (;;) {
+    const int64_t it = A.it0 + k, steps = A.steps + k;
+    double row;
+    marginal_error<T>(la, f, s, nullptr, 1, n, eps, &row);
+    row /= A.mass_a[b];
+    err = row + col;
+    const bool read = A.value_tol >= 0 && steps % A.window == 0;
+    double value = nan;
+    if (read || A.by_value) dual_value<T>(la, lb, s, g, s, 1, n, m, 0, 0.0, 0, 0.0, eps, &value);
+    if (read) done = done || (vtest.passed(value, A.value_tol) && err <= A.value_span * A.tol);
+    const double limit = (A.enter_tol < 0 || it > A.it0) ? A.tol : std::max(A.tol, A.enter_tol);
+    done = done || err <= limit;
+    const uint8_t done_u8 = done;
+    if (A.accelerate && (A.watch || A.quit))
+      srot_track(&err, &done_u8, A.low + b, A.flat + b, A.rest + b, A.stalls + b, 1, int(A.watch), int(A.quit),
+                 A.stall, A.plain_run);
+    if (done || it >= A.max_iter) break;
+    std::memcpy(f, s, sizeof(T) * n);  // f = A(s) = s
+    for (int64_t i = 0; i < n; ++i) hf[i] = la[i] + f[i] / e;
+    pass<T>(sqy, la, f, u, v, mr, nr, int(A.p), eps, hp.data(), real.data(), nthreads);
+    partial_augment<T>(real.data(), hf.data(), 1, mr, nr, eps, t);
+    if (A.accelerate) {
+      const int64_t w = (A.slot + k) % k1;
+      anderson_step<T>(g, t, &row, A.by_value ? &value : nullptr, &not_done, A.mask + b * m, A.images + b * k1 * m,
+                       A.resid + b * k1 * m, A.inner + b * k1 * k1, A.valid + b * k1, A.best + b, A.top + b,
+                       A.since + b, 1, k1, m, w, A.gap, gnew.data());
+      const bool resting = A.rest[b] > 0 || (A.quit > 0 && A.stalls[b] >= A.quit);
+      std::memcpy(g, resting ? t : gnew.data(), sizeof(T) * m);
+    } else {
+      std::memcpy(g, t, sizeof(T) * m);
+    }
+    col = 0.0;
+    pass<T>(sqx, lb, g, v, u, nr, mr, int(A.p), eps, hp.data(), last, nthreads);
+    partial_rebalance<T>(f, g, last, la, lb, 1, nr, mr, eps, A.log_mass, f, g, last, s);
+    ++k;
+  }
+  A.col[b] = col;
+  A.err[b] = err;
+  A.done[b] = done;
+  A.n_iter[b] += k;
+  A.updates[b] = k;
+}
+
 // The self-transport loop (srot_fast/_loop.py, symmetric, its torch reference) of one problem over the stored
 // squared distances sq_x (n, n) of x with itself: averaged updates f <- (f + A(S(f))) / 2 (the offsets u of the
 // rows, v of the columns: u = v). Reads sq_x, la, u, v, mass_a; updates f, s, err, done, n_iter, updates.
@@ -1513,12 +1589,13 @@ extern "C" {
 #define SROT_DEFINE_LOOP(T, SUF)                                                                            \
   void srot_loop_##SUF(const LoopArgs* args) {                                                             \
     const LoopArgs& A = *args;                                                                             \
+    auto one = A.last == nullptr ? loop_problem<T> : partial_problem<T>;                                   \
     if (A.nb == 1) {                                                                                       \
-      loop_problem<T>(A, 0, int(A.nthreads));                                                              \
+      one(A, 0, int(A.nthreads));                                                                          \
       return;                                                                                              \
     }                                                                                                      \
     _Pragma("omp parallel for num_threads(A.nthreads) schedule(dynamic, 1)")                               \
-    for (int64_t b = 0; b < A.nb; ++b) loop_problem<T>(A, b, 1);                                           \
+    for (int64_t b = 0; b < A.nb; ++b) one(A, b, 1);                                                       \
   }                                                                                                        \
   void srot_symmetric_loop_##SUF(const LoopArgs* args) {                                                   \
     const LoopArgs& A = *args;                                                                             \
