@@ -22,7 +22,8 @@ __all__ = ["Geometry", "PartialGeometry", "bbox_diameter"]
 
 STORE_PAIRS = 1 << 22  # B N M up to which a geometry keeps its squared distances for its soft-min passes
 STORE_MIN_D = 8        # (in dimension D >= this, on a backend that reads them: cpu); below, computing is as fast,
-STORE_SMALL = 1 << 18  # but for the smallest problems (B N M up to this, any D), where a pass is mostly overhead
+STORE_SMALL = 1 << 18  # but for small problems (N M up to this, any D), where a pass is mostly overhead and the
+                       # whole loop then runs as one compiled call (srot_fast/_loop.py, _compiled_loop)
 
 
 def bbox_diameter(x: torch.Tensor, y: torch.Tensor, a: Optional[torch.Tensor] = None,
@@ -63,10 +64,11 @@ class Geometry:
     def _stored(self, side: int):
         """The (B, N, M) squared distances |x_i - y_j|^2 (``side`` 0) or their (B, M, N) transpose (1), kept for the
         soft-min passes when the backend reads them (``ops.squared_distances``, ``ops.softmin_sq``), on CPU, in
-        float32 / float64, in dimension D >= STORE_MIN_D for B N M <= STORE_PAIRS (2 B N M values at most: 32 MB in
-        float32, 64 MB in float64), or in any dimension for B N M <= STORE_SMALL: in high dimension a pass then reads
-        N M values instead of computing N M distances of D terms, on the smallest problems it skips the per-pass
-        transpose of y (measured: docs/DESIGN.md, Kernel primitive). They are the values the compiled pass
+        float32 / float64, for B N M <= STORE_PAIRS (2 B N M values at most: 32 MB in float32, 64 MB in float64) in
+        dimension D >= STORE_MIN_D, or in any dimension for problems of N M <= STORE_SMALL pairs: in high dimension a
+        pass then reads N M values instead of computing N M distances of D terms, on small problems it skips the
+        per-pass transpose of y and lets the solver run its whole loop as one compiled call (measured:
+        docs/DESIGN.md, Kernel primitive). They are the values the compiled pass
         computes, so the result is the same. Computed at the first pass of each side (the cost of one pass); None
         when not kept."""
         if self._sq is False:
@@ -76,7 +78,7 @@ class Geometry:
             pairs = self.batch * self.n * self.m
             keep = (sq_fn is not None and self.x.device.type == "cpu" and self.x.dtype == self.y.dtype
                     and self.x.dtype in (torch.float32, torch.float64) and 0 < pairs
-                    and (pairs <= STORE_SMALL or (self.x.shape[-1] >= STORE_MIN_D and pairs <= STORE_PAIRS)))
+                    and pairs <= STORE_PAIRS and (self.n * self.m <= STORE_SMALL or self.x.shape[-1] >= STORE_MIN_D))
             self._sq = [sq_fn(self.x, self.y), None] if keep else False
         if not self._sq:
             return None
