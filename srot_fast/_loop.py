@@ -15,10 +15,11 @@ second stall, to the end; ``Anderson.track``).
 For partial OT (dummy points) each update ends with the geometry's exact rebalancing step, and the stopping
 test reads the rows of its augmented problem; for KL penalties with the exact step along (f + c, g - c)
 (:func:`kl_translation`).
-On CPU with the compiled library, where the geometry keeps its squared distances (problems of a few hundred
-points), the loop at the target eps -- every look and update until the problem is done -- runs as one call of
-``cpu_ops.alternating_loop`` (``symmetric_loop`` for self-transport), each problem on its own (:func:`_compiled_loop`);
-the torch loop below is its reference, with the same arithmetic (``COMPILED_LOOP = False`` runs it instead).
+On CPU with the compiled library, where the geometry keeps its squared distances (small problems, or D >= 8:
+``Geometry._stored``), the loop at the target eps -- every look and update until the problem is done -- runs as
+one call of ``cpu_ops.alternating_loop`` (``symmetric_loop`` for self-transport), each problem on its own
+(:func:`_compiled_loop`); the torch loop below is its reference, with the same arithmetic (``COMPILED_LOOP =
+False`` runs it instead).
 """
 from __future__ import annotations
 
@@ -393,6 +394,7 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
                                 vtest, steps, need_t, check_every, done, f, g, s, t, n_iter, err, col, passes,
                                 checks.syncs)
         idle = n_fin == 0  # no problem done (known where the host looked, every update on CPU): nothing to mask
+        kept = (f, g, s, t)  # a finished problem's iterate as it passed its test
         f = f_hat if idle else torch.where(done[:, None], f, f_hat)
         t = geom.softmin_y(log_a + f / eps, eps)
         g_hat = pen_b.aprox(t, eps)
@@ -409,14 +411,17 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
                 g = torch.where(stepper.resting[:, None] & ~done[:, None], g_hat, g)
             col = torch.zeros_like(col) if idle else torch.where(done, col, torch.zeros_like(col))
         s = geom.softmin_x(log_b + g / eps, eps)
-        if rebalance is not None:  # a finished problem keeps the potentials that passed its test
-            stepped = rebalance(f, g, log_b, eps, log_a)
-            f, g, s = stepped if idle else (torch.where(done[:, None], a, b) for a, b in zip((f, g, s), stepped))
+        if rebalance is not None:
+            f, g, s = rebalance(f, g, log_b, eps, log_a)
         elif translate:  # the soft-mins shift with the potentials (S_x(g - c) = S_x(g) + c): no pass
             c = kl_translation(pen_a, pen_b, log_a, f, log_b, g, psum, native)
             c = torch.where(done, 0.0, c).to(f.dtype)[:, None]
             f, g, s, t = f + c, g - c, s + c, t - c
             col = torch.where(done, col, marginal_error(log_b, g, t, pen_b.aprox(t, eps), eps, psum, native) / mass_b)
+        if not idle:  # a finished problem keeps its iterate: potentials and soft-mins (the rebalancing step of
+            # partial OT and the translation of KL would move them by roundings; a pass recomputes them so)
+            f, g, s, t = (new if old is None else torch.where(done[:, None], old, new)
+                          for old, new in zip(kept, (f, g, s, t)))
         passes += 2
         n_iter += 1 if idle else (~done).long()
         it += 1
@@ -433,9 +438,10 @@ def _compiled_loop(geom, log_a, log_b, pen_a, pen_b, eps, tol, enter_tol, value_
     """The update loop of :func:`alternating` from its first look on, as one call of the compiled library
     (``cpu_ops.alternating_loop``: the same arithmetic, each problem of the batch looking and updating until it is
     done or the cap), where the geometry (``partial``: the real one of a PartialGeometry) keeps its squared
-    distances and every operand shares a float32 / float64 dtype; None elsewhere (the torch loop runs). Counts
-    passes and looks as the torch loop does without compaction: two passes an update, one look more than the
-    updates of the problem that ran the most."""
+    distances and every operand shares a float32 / float64 dtype; None elsewhere (the torch loop runs). A batch
+    is not compacted: each problem stops on its own. Counts passes and looks as the torch loop does without
+    compaction: two passes an update, one look more than the updates of the problem that ran the most (and one
+    pass for t where a problem took no update and t is due)."""
     real = geom.real if partial else geom
     stored = getattr(real, "stored_distances", None)
     sq = stored() if stored is not None else None
@@ -446,13 +452,11 @@ def _compiled_loop(geom, log_a, log_b, pen_a, pen_b, eps, tol, enter_tol, value_
     if not _one_dtype(log_a, log_b, f, g, s, *sq, *offsets):
         return None
     last = None
-    if partial:  # the real row soft-min, and t where a problem takes no update (the torch loop: a pass at f)
-        last = torch.empty_like(f[:, :-1]).contiguous()
-        if t is None and need_t:
-            t = geom.softmin_y(log_a + f / eps, eps)
-            passes += 1
+    if partial:  # the real part of the row soft-min at g (rebalanced), as the rebalancing step reads it
+        last = (torch.empty_like(f[:, :-1]) if geom._last_real is None else geom._last_real).contiguous().clone()
+    t_none = t is None  # (partial OT and loose solves: the first look reads the rows only)
     state = {"f": f.contiguous().clone(), "g": g.contiguous().clone(), "s": s.contiguous().clone(),
-             "t": torch.empty_like(g).contiguous() if t is None else t.contiguous().clone(),
+             "t": torch.zeros_like(g).contiguous() if t_none else t.contiguous().clone(),
              "col": col.double().contiguous().clone(), "err": torch.zeros_like(mass_a),
              "done": torch.zeros(log_a.shape[0], dtype=torch.bool), "n_iter": n_iter.contiguous().clone()}
     anderson = None
@@ -473,8 +477,12 @@ def _compiled_loop(geom, log_a, log_b, pen_a, pen_b, eps, tol, enter_tol, value_
     if partial:
         geom._last_real = last
     most = int(updates.max()) if updates.numel() else 0
-    return Solution(state["f"], state["g"], state["s"], state["t"] if need_t else None, state["n_iter"],
-                    state["err"], passes + 2 * most, most + 1, state["done"])
+    t = state["t"] if need_t else None
+    if need_t and t_none and bool((updates == 0).any()):  # the column soft-min where a problem took no update
+        t = torch.where((updates == 0)[:, None], geom.softmin_y(log_a + state["f"] / eps, eps), t)
+        passes += 1
+    return Solution(state["f"], state["g"], state["s"], t, state["n_iter"], state["err"], passes + 2 * most,
+                    most + 1, state["done"])
 
 
 def _compiled_symmetric(geom, log_a, pen, eps, tol, value_tol, max_iter, it0, f, n_iter, mass_a,
