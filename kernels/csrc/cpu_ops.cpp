@@ -1382,19 +1382,34 @@ struct ValueTest {
   }
 };
 
+// Problem b's slices of the operands and the state: f, s, la of A.n values, g, t, lb of A.m; the stored distances
+// (nr, mr) and the offsets of the nr, mr real points (all points but partial OT's dummies); null where absent
+template <typename T> struct Slices {
+  const T *sqx, *sqy, *la, *lb, *u, *v;
+  T *f, *g, *s, *t;
+};
+
+template <typename T> Slices<T> slices(const LoopArgs& A, int64_t b, int64_t nr, int64_t mr) {
+  auto in = [b](const void* p, int64_t len) { return p == nullptr ? nullptr : static_cast<const T*>(p) + b * len; };
+  auto out = [b](void* p, int64_t len) { return p == nullptr ? nullptr : static_cast<T*>(p) + b * len; };
+  return {in(A.sq_x, nr * mr), in(A.sq_y, nr * mr), in(A.la, A.n), in(A.lb, A.m), in(A.u, nr), in(A.v, mr),
+          out(A.f, A.n), out(A.g, A.m), out(A.s, A.n), out(A.t, A.m)};
+}
+
+// One problem's outcome, written back: its column error (where the loop has one), stopping error, done flag and
+// the k updates it ran
+inline void finish(const LoopArgs& A, int64_t b, double col, double err, bool done, int64_t k) {
+  if (A.col != nullptr) A.col[b] = col;
+  A.err[b] = err;
+  A.done[b] = done;
+  A.n_iter[b] += k;
+  A.updates[b] = k;
+}
+
 template <typename T> void loop_problem(const LoopArgs& A, int64_t b, int nthreads) {
   const int64_t n = A.n, m = A.m, k1 = A.k1;
   const double eps = A.eps, nan = std::numeric_limits<double>::quiet_NaN();
-  const T* sqx = static_cast<const T*>(A.sq_x) + b * n * m;
-  const T* sqy = static_cast<const T*>(A.sq_y) + b * n * m;
-  const T* la = static_cast<const T*>(A.la) + b * n;
-  const T* lb = static_cast<const T*>(A.lb) + b * m;
-  const T* u = A.u == nullptr ? nullptr : static_cast<const T*>(A.u) + b * n;
-  const T* v = A.v == nullptr ? nullptr : static_cast<const T*>(A.v) + b * m;
-  T* f = static_cast<T*>(A.f) + b * n;
-  T* g = static_cast<T*>(A.g) + b * m;
-  T* s = static_cast<T*>(A.s) + b * n;
-  T* t = static_cast<T*>(A.t) + b * m;
+  const auto [sqx, sqy, la, lb, u, v, f, g, s, t] = slices<T>(A, b, n, m);
   std::vector<T> fhat_buf(n), ghat_buf(m), gnew(m), h(std::max(n, m));
   const T* fhat = A.kind_a == 0 ? s : fhat_buf.data();  // balanced: A(s) = s
   const T* ghat = A.kind_b == 0 ? t : ghat_buf.data();
@@ -1467,11 +1482,7 @@ template <typename T> void loop_problem(const LoopArgs& A, int64_t b, int nthrea
     }
     ++k;
   }
-  A.col[b] = col;
-  A.err[b] = err;
-  A.done[b] = done;
-  A.n_iter[b] += k;
-  A.updates[b] = k;
+  finish(A, b, col, err, done, k);
 }
 
 // The loop of partial OT over its dummy points (srot_fast/_loop.py, alternating with a PartialGeometry, its torch
@@ -1481,16 +1492,7 @@ template <typename T> void loop_problem(const LoopArgs& A, int64_t b, int nthrea
 template <typename T> void partial_problem(const LoopArgs& A, int64_t b, int nthreads) {
   const int64_t n = A.n, m = A.m, nr = n - 1, mr = m - 1, k1 = A.k1;
   const double eps = A.eps, nan = std::numeric_limits<double>::quiet_NaN();
-  const T* sqx = static_cast<const T*>(A.sq_x) + b * nr * mr;
-  const T* sqy = static_cast<const T*>(A.sq_y) + b * nr * mr;
-  const T* la = static_cast<const T*>(A.la) + b * n;
-  const T* lb = static_cast<const T*>(A.lb) + b * m;
-  const T* u = A.u == nullptr ? nullptr : static_cast<const T*>(A.u) + b * nr;
-  const T* v = A.v == nullptr ? nullptr : static_cast<const T*>(A.v) + b * mr;
-  T* f = static_cast<T*>(A.f) + b * n;
-  T* g = static_cast<T*>(A.g) + b * m;
-  T* s = static_cast<T*>(A.s) + b * n;
-  T* t = static_cast<T*>(A.t) + b * m;
+  const auto [sqx, sqy, la, lb, u, v, f, g, s, t] = slices<T>(A, b, nr, mr);
   T* last = static_cast<T*>(A.last) + b * nr;
   std::vector<T> gnew(m), hp(std::max(n, m)), hf(std::max(n, m)), real(mr);
   const T e = T(eps);
@@ -1535,11 +1537,7 @@ template <typename T> void partial_problem(const LoopArgs& A, int64_t b, int nth
     partial_rebalance<T>(f, g, last, la, lb, 1, nr, mr, eps, A.log_mass, f, g, last, s);
     ++k;
   }
-  A.col[b] = col;
-  A.err[b] = err;
-  A.done[b] = done;
-  A.n_iter[b] += k;
-  A.updates[b] = k;
+  finish(A, b, col, err, done, k);
 }
 
 // The self-transport loop (srot_fast/_loop.py, symmetric, its torch reference) of one problem over the stored
@@ -1548,12 +1546,7 @@ template <typename T> void partial_problem(const LoopArgs& A, int64_t b, int nth
 template <typename T> void symmetric_problem(const LoopArgs& A, int64_t b, int nthreads) {
   const int64_t n = A.n;
   const double eps = A.eps;
-  const T* sq = static_cast<const T*>(A.sq_x) + b * n * n;
-  const T* la = static_cast<const T*>(A.la) + b * n;
-  const T* u = A.u == nullptr ? nullptr : static_cast<const T*>(A.u) + b * n;
-  const T* v = A.v == nullptr ? nullptr : static_cast<const T*>(A.v) + b * n;
-  T* f = static_cast<T*>(A.f) + b * n;
-  T* s = static_cast<T*>(A.s) + b * n;
+  const auto [sq, unused, la, lb, u, v, f, g, s, t] = slices<T>(A, b, n, n);  // (no columns of their own)
   std::vector<T> fhat_buf(n), h(n);
   const T* fhat = A.kind_a == 0 ? s : fhat_buf.data();
   ValueTest vtest;
@@ -1576,10 +1569,7 @@ template <typename T> void symmetric_problem(const LoopArgs& A, int64_t b, int n
     for (int64_t i = 0; i < n; ++i) f[i] = f[i] + half * (fhat[i] - f[i]);
     ++k;
   }
-  A.err[b] = err;
-  A.done[b] = done;
-  A.n_iter[b] += k;
-  A.updates[b] = k;
+  finish(A, b, 0.0, err, done, k);
 }
 
 }  // namespace
