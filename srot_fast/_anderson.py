@@ -46,6 +46,13 @@ class Plain:
     by_value = False
     proposes = False  # g is always T(g) (or frozen): the column marginal is exact
 
+    def allocate(self, g: torch.Tensor) -> None:
+        """The history's ring buffers for (B, M) potentials like ``g`` (zeros), where not allocated yet."""
+        if self.images is None:
+            self.images = g.new_zeros((g.shape[0], self.depth + 1, g.shape[1]), dtype=torch.float64)
+            self.resid = torch.zeros_like(self.images)
+            self.inner = g.new_zeros((g.shape[0], self.depth + 1, self.depth + 1), dtype=torch.float64)
+
     def step(self, g, g_hat, err, done, value=None):
         return torch.where(done[:, None], g, g_hat)
 
@@ -177,13 +184,17 @@ class Anderson:
                                        (self.slot - 1) % (self.depth + 1), FAR, self.by_value, self.quit)
         return (self.too_far(col, done) | self.resting) & ~done
 
-    def step(self, g, g_hat, err, done, value=None):
-        """(B, M) next g from the current g, its image g_hat = T(g), the (B,) row marginal error at g and, when
-        ``by_value``, the (B,) float64 dual objective at g (``value``)."""
+    def allocate(self, g: torch.Tensor) -> None:
+        """The history's ring buffers for (B, M) potentials like ``g`` (zeros), where not allocated yet."""
         if self.images is None:
             self.images = g.new_zeros((g.shape[0], self.depth + 1, g.shape[1]), dtype=torch.float64)
             self.resid = torch.zeros_like(self.images)
             self.inner = g.new_zeros((g.shape[0], self.depth + 1, self.depth + 1), dtype=torch.float64)
+
+    def step(self, g, g_hat, err, done, value=None):
+        """(B, M) next g from the current g, its image g_hat = T(g), the (B,) row marginal error at g and, when
+        ``by_value``, the (B,) float64 dual objective at g (``value``)."""
+        self.allocate(g)
         w, self.slot = self.slot, (self.slot + 1) % (self.depth + 1)
         if self.native and g.dtype in (torch.float32, torch.float64) and g_hat.dtype == g.dtype:
             return _cpu_ops().anderson_step(g, g_hat, err, done, value if self.by_value else None, self.mask,

@@ -432,6 +432,20 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     return Solution(f, g, s, t, n_iter, err, passes, checks.syncs, done)
 
 
+def _stored_operands(geom, transpose: bool, *ts):
+    """(sq, u, v) for a compiled loop: the geometry's stored distances (:meth:`Geometry.stored_distances`) and its
+    offsets (contiguous, or None), where it keeps them and they share one float32 / float64 dtype with the tensors
+    ``ts``; else None."""
+    stored = getattr(geom, "stored_distances", None)
+    sq = stored(transpose) if stored is not None else None
+    if sq is None:
+        return None
+    u, v = (None if o is None else o.detach().contiguous() for o in (geom.u, geom.v))
+    if not _one_dtype(*ts, *(t for t in (*sq, u, v) if t is not None)):
+        return None
+    return sq, u, v
+
+
 def _compiled_loop(geom, log_a, log_b, pen_a, pen_b, eps, tol, enter_tol, value_tol, max_iter, it0, steps, stepper,
                    translate, f, g, s, t, col, n_iter, mass_a, mass_b, passes, need_t,
                    partial: bool) -> Optional[Solution]:
@@ -443,14 +457,10 @@ def _compiled_loop(geom, log_a, log_b, pen_a, pen_b, eps, tol, enter_tol, value_
     compaction: two passes an update, one look more than the updates of the problem that ran the most (and one
     pass for t where a problem took no update and t is due)."""
     real = geom.real if partial else geom
-    stored = getattr(real, "stored_distances", None)
-    sq = stored() if stored is not None else None
-    if sq is None:
+    operands = _stored_operands(real, True, log_a, log_b, f, g, s)
+    if operands is None:
         return None
-    u, v = (None if o is None else o.detach().contiguous() for o in (real.u, real.v))
-    offsets = [o for o in (u, v) if o is not None]
-    if not _one_dtype(log_a, log_b, f, g, s, *sq, *offsets):
-        return None
+    sq, u, v = operands
     last = None
     if partial:  # the real part of the row soft-min at g (rebalanced), as the rebalancing step reads it
         last = (torch.empty_like(f[:, :-1]) if geom._last_real is None else geom._last_real).contiguous().clone()
@@ -461,15 +471,11 @@ def _compiled_loop(geom, log_a, log_b, pen_a, pen_b, eps, tol, enter_tol, value_
              "done": torch.zeros(log_a.shape[0], dtype=torch.bool), "n_iter": n_iter.contiguous().clone()}
     anderson = None
     if isinstance(stepper, Anderson):
-        batch, k1, m = log_a.shape[0], stepper.depth + 1, g.shape[-1]
-        anderson = {"mask": stepper.mask, "images": torch.zeros(batch, k1, m, dtype=torch.float64),
-                    "inner": torch.zeros(batch, k1, k1, dtype=torch.float64), "slot": stepper.slot,
-                    "by_value": stepper.by_value, "watch": stepper.watch, "quit": stepper.quit,
-                    "restart_gap": stepper.restart_gap,
-                    "stall": STALL, "plain_run": PLAIN_RUN, "far": FAR}
-        anderson["resid"] = torch.zeros_like(anderson["images"])
-        for name in ("valid", "best", "top", "low", "since", "flat", "rest", "stalls"):
-            anderson[name] = getattr(stepper, name)
+        stepper.allocate(g)
+        anderson = {name: getattr(stepper, name) for name in (
+            "mask", "images", "resid", "inner", "valid", "best", "top", "low", "since", "flat", "rest", "stalls",
+            "slot", "by_value", "watch", "quit", "restart_gap")}
+        anderson.update(stall=STALL, plain_run=PLAIN_RUN, far=FAR)
     updates = _cpu_ops().alternating_loop(
         sq[0], sq[1], log_a.contiguous(), log_b.contiguous(), u, v, mass_a.contiguous(), mass_b.contiguous(), state,
         anderson, real.p, pen_a.kind, pen_a.tau, pen_b.kind, pen_b.tau, eps, tol, enter_tol, value_tol, VALUE_SPAN,
@@ -489,14 +495,10 @@ def _compiled_symmetric(geom, log_a, pen, eps, tol, value_tol, max_iter, it0, f,
                         passes) -> Optional[Solution]:
     """The update loop of :func:`symmetric` as one call of the compiled library (``cpu_ops.symmetric_loop``), as
     :func:`_compiled_loop`; one pass a look."""
-    stored = getattr(geom, "stored_distances", None)
-    sq = stored(transpose=False) if stored is not None else None
-    if sq is None:
+    operands = _stored_operands(geom, False, log_a, f)
+    if operands is None:
         return None
-    u, v = (None if o is None else o.detach().contiguous() for o in (geom.u, geom.v))
-    offsets = [o for o in (u, v) if o is not None]
-    if not _one_dtype(log_a, f, sq[0], *offsets):
-        return None
+    sq, u, v = operands
     state = {"f": f.contiguous().clone(), "s": torch.empty_like(f).contiguous(), "err": torch.zeros_like(mass_a),
              "done": torch.zeros(log_a.shape[0], dtype=torch.bool), "n_iter": n_iter.contiguous().clone()}
     updates = _cpu_ops().symmetric_loop(sq[0], log_a.contiguous(), u, v, mass_a.contiguous(), state, geom.p,

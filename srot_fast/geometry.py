@@ -68,9 +68,8 @@ class Geometry:
         dimension D >= STORE_MIN_D, or in any dimension for problems of N M <= STORE_SMALL pairs: in high dimension a
         pass then reads N M values instead of computing N M distances of D terms, on small problems it skips the
         per-pass transpose of y and lets the solver run its whole loop as one compiled call (measured:
-        docs/DESIGN.md, Kernel primitive). They are the values the compiled pass
-        computes, so the result is the same. Computed at the first pass of each side (the cost of one pass); None
-        when not kept."""
+        docs/DESIGN.md, Kernel primitive). They are the values the compiled pass computes, so the result is the
+        same. Computed at the first pass of each side (the cost of one pass); None when not kept."""
         if self._sq is False:
             return None
         if self._sq is None:

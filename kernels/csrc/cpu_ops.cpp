@@ -1406,9 +1406,32 @@ inline void finish(const LoopArgs& A, int64_t b, double col, double err, bool do
   A.updates[b] = k;
 }
 
+// One look of the loop (srot_fast/_loop.py, alternating) at problem b's k-th update: the row error at (f, s), fhat =
+// A_a(s) (s itself when balanced), plus the column error col; the value test every window updates; the stopping
+// test; the stall watch. Writes row, err and the dual objective (NaN where not read); returns done, updated.
+template <typename T>
+bool look(const LoopArgs& A, int64_t b, int64_t k, const T* la, const T* lb, const T* f, const T* s, const T* fhat,
+          const T* g, double col, bool done, ValueTest& vtest, double& row, double& err, double& value) {
+  const int64_t it = A.it0 + k;
+  marginal_error<T>(la, f, s, fhat == s ? nullptr : fhat, 1, A.n, A.eps, &row);
+  row /= A.mass_a[b];
+  err = row + col;
+  const bool read = A.value_tol >= 0 && (A.steps + k) % A.window == 0;
+  value = std::numeric_limits<double>::quiet_NaN();
+  if (read || A.by_value)
+    dual_value<T>(la, lb, fhat, g, s, 1, A.n, A.m, int(A.kind_a), A.tau_a, int(A.kind_b), A.tau_b, A.eps, &value);
+  if (read) done = done || (vtest.passed(value, A.value_tol) && err <= A.value_span * A.tol);
+  done = done || err <= ((A.enter_tol < 0 || it > A.it0) ? A.tol : std::max(A.tol, A.enter_tol));
+  const uint8_t done_u8 = done;
+  if (A.accelerate && (A.watch || A.quit))
+    srot_track(&err, &done_u8, A.low + b, A.flat + b, A.rest + b, A.stalls + b, 1, int(A.watch), int(A.quit),
+               A.stall, A.plain_run);
+  return done;
+}
+
 template <typename T> void loop_problem(const LoopArgs& A, int64_t b, int nthreads) {
   const int64_t n = A.n, m = A.m, k1 = A.k1;
-  const double eps = A.eps, nan = std::numeric_limits<double>::quiet_NaN();
+  const double eps = A.eps;
   const auto [sqx, sqy, la, lb, u, v, f, g, s, t] = slices<T>(A, b, n, m);
   std::vector<T> fhat_buf(n), ghat_buf(m), gnew(m), h(std::max(n, m));
   const T* fhat = A.kind_a == 0 ? s : fhat_buf.data();  // balanced: A(s) = s
@@ -1420,23 +1443,10 @@ template <typename T> void loop_problem(const LoopArgs& A, int64_t b, int nthrea
   ValueTest vtest;
   int64_t k = 0;
   for (;;) {
-    const int64_t it = A.it0 + k, steps = A.steps + k;
     if (A.kind_a != 0) aprox<T>(A.kind_a, A.tau_a, eps, s, n, fhat_buf.data());
-    double row;
-    marginal_error<T>(la, f, s, A.kind_a == 0 ? nullptr : fhat, 1, n, eps, &row);
-    row /= A.mass_a[b];
-    err = row + col;
-    const bool read = A.value_tol >= 0 && steps % A.window == 0;
-    double value = nan;
-    if (read || A.by_value)
-      dual_value<T>(la, lb, fhat, g, s, 1, n, m, int(A.kind_a), A.tau_a, int(A.kind_b), A.tau_b, eps, &value);
-    if (read) done = done || (vtest.passed(value, A.value_tol) && err <= A.value_span * A.tol);
-    const double limit = (A.enter_tol < 0 || it > A.it0) ? A.tol : std::max(A.tol, A.enter_tol);
-    done = done || err <= limit;
-    const uint8_t done_u8 = done;
-    if (A.accelerate && A.watch)
-      srot_track(&err, &done_u8, A.low + b, A.flat + b, A.rest + b, A.stalls + b, 1, 1, 0, A.stall, A.plain_run);
-    if (done || it >= A.max_iter) break;
+    double row, value;
+    done = look<T>(A, b, k, la, lb, f, s, fhat, g, col, done, vtest, row, err, value);
+    if (done || A.it0 + k >= A.max_iter) break;
     // the update: f = A_a(S_x(g)), t = S_y(f), g from T(g) = A_b(t)
     if (A.kind_a != 0) std::memcpy(f, fhat, sizeof(T) * n);
     else std::memcpy(f, s, sizeof(T) * n);
@@ -1491,7 +1501,7 @@ template <typename T> void loop_problem(const LoopArgs& A, int64_t b, int nthrea
 // which gives the row soft-min), the stopping test reads the rows only, and a resting problem takes T(g).
 template <typename T> void partial_problem(const LoopArgs& A, int64_t b, int nthreads) {
   const int64_t n = A.n, m = A.m, nr = n - 1, mr = m - 1, k1 = A.k1;
-  const double eps = A.eps, nan = std::numeric_limits<double>::quiet_NaN();
+  const double eps = A.eps;
   const auto [sqx, sqy, la, lb, u, v, f, g, s, t] = slices<T>(A, b, nr, mr);
   T* last = static_cast<T*>(A.last) + b * nr;
   std::vector<T> gnew(m), hp(std::max(n, m)), hf(std::max(n, m)), real(mr);
@@ -1502,22 +1512,9 @@ template <typename T> void partial_problem(const LoopArgs& A, int64_t b, int nth
   ValueTest vtest;
   int64_t k = 0;
   for (;;) {
-    const int64_t it = A.it0 + k, steps = A.steps + k;
-    double row;
-    marginal_error<T>(la, f, s, nullptr, 1, n, eps, &row);
-    row /= A.mass_a[b];
-    err = row + col;
-    const bool read = A.value_tol >= 0 && steps % A.window == 0;
-    double value = nan;
-    if (read || A.by_value) dual_value<T>(la, lb, s, g, s, 1, n, m, 0, 0.0, 0, 0.0, eps, &value);
-    if (read) done = done || (vtest.passed(value, A.value_tol) && err <= A.value_span * A.tol);
-    const double limit = (A.enter_tol < 0 || it > A.it0) ? A.tol : std::max(A.tol, A.enter_tol);
-    done = done || err <= limit;
-    const uint8_t done_u8 = done;
-    if (A.accelerate && (A.watch || A.quit))
-      srot_track(&err, &done_u8, A.low + b, A.flat + b, A.rest + b, A.stalls + b, 1, int(A.watch), int(A.quit),
-                 A.stall, A.plain_run);
-    if (done || it >= A.max_iter) break;
+    double row, value;
+    done = look<T>(A, b, k, la, lb, f, s, s, g, col, done, vtest, row, err, value);  // balanced: A(s) = s
+    if (done || A.it0 + k >= A.max_iter) break;
     std::memcpy(f, s, sizeof(T) * n);  // f = A(s) = s
     for (int64_t i = 0; i < n; ++i) hf[i] = la[i] + f[i] / e;
     pass<T>(sqy, la, f, u, v, mr, nr, int(A.p), eps, hp.data(), real.data(), nthreads);
