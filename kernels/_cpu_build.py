@@ -49,7 +49,7 @@ __all__ = ["Unavailable", "open_or_build", "ABI_VERSION"]
 
 _SRC = Path(__file__).with_name("csrc") / "cpu_ops.cpp"
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c++17", "-shared", "-fPIC"]
-ABI_VERSION = 10  # = srot_abi_version() in csrc/cpu_ops.cpp; bump both when an entry point changes
+ABI_VERSION = 11  # = srot_abi_version() in csrc/cpu_ops.cpp; bump both when an entry point changes
 _TMP_PREFIX = ".srot_build_"  # temporary files of a build: .srot_build_<pid>_<host>_<random><suffix>
 _STALE_S = 3600  # a temporary file this old is removed whatever its pid says
 

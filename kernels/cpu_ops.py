@@ -33,10 +33,10 @@ and the solver's compiled per-update steps: the Anderson step (:func:`anderson_s
 partial OT's augmented soft-min and rebalancing step (:func:`partial_augment`, :func:`partial_rebalance`), the
 stall watch (:func:`track`) and the test of proposals (:func:`replaced`), each beside its torch reference in
 ``srot_fast/_anderson.py``, ``srot_fast/_loop.py`` or ``srot_fast/geometry.py``; and, composed of these, the
-whole update loop at the target eps of a problem over stored squared distances (:func:`alternating_loop`,
-:func:`symmetric_loop` for self-transport), whose torch references are ``alternating`` and ``symmetric`` in
-``srot_fast/_loop.py``. These have no fallback: the solver calls them only when :func:`available`, and they
-raise a ValueError for operands of another dtype, shape or device.
+whole update loop at the target eps of a problem over stored squared distances, or a whole cold solve with its
+eps-scaling (:func:`alternating_loop`, :func:`symmetric_loop` for self-transport), whose torch references are
+``alternating`` and ``symmetric`` in ``srot_fast/_loop.py``. These have no fallback: the solver calls them only
+when :func:`available`, and they raise a ValueError for operands of another dtype, shape or device.
 How it is built, cached (a private, hash-checked cache) and loaded: :mod:`srot_fast.kernels._cpu_build`.
 
 Fallback (no compiler, failed build, ``SROT_FAST_NO_COMPILE=1``, other dtypes or devices): the
@@ -59,7 +59,7 @@ import math
 import os
 import sys
 import threading
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -538,7 +538,10 @@ def _loop_fields():
             + [(name, d) for name in ("tau_a", "tau_b", "eps", "tol", "enter_tol", "value_tol", "value_span")]
             + [(name, i) for name in ("window", "steps", "it0", "max_iter", "accelerate", "by_value", "watch",
                                       "translate", "k1", "slot", "gap", "stall", "plain_run")]
-            + [("far_limit", d), ("nthreads", i), ("last", p), ("log_mass", d), ("quit", i)])
+            + [("far_limit", d), ("nthreads", i), ("last", p), ("log_mass", d), ("quit", i), ("eps_list", p),
+               ("n_eps", i)]
+            + [(name, d) for name in ("scale_tol", "scale_enter", "scale_near")]
+            + [("scale_cap", i), ("need_t", i), ("passes", p)])
 
 
 class _LoopArgs(ctypes.Structure):
@@ -551,7 +554,7 @@ def alternating_loop(sq_x, sq_y, log_a, log_b, u, v, mass_a, mass_b, state: dict
                      p: int, kind_a: str, tau_a: float, kind_b: str, tau_b: float, eps: float, tol: float,
                      enter_tol: Optional[float], value_tol: Optional[float], value_span: float, window: int,
                      steps: int, it0: int, max_iter: int, translate: bool, last: Optional[torch.Tensor] = None,
-                     mass: float = 1.0) -> torch.Tensor:
+                     mass: float = 1.0, scaling: Optional[tuple] = None) -> torch.Tensor:
     """The update loop at the target eps of :func:`srot_fast._loop.alternating` (its torch reference, which documents
     it) in one call of the compiled library, over stored squared distances: every problem of the batch looks and
     updates until it is done or the loop has run ``max_iter`` updates in all (it0 before this call). Operands:
@@ -565,7 +568,12 @@ def alternating_loop(sq_x, sq_y, log_a, log_b, u, v, mass_a, mass_b, state: dict
     plain updates. Partial OT of transported ``mass`` (:class:`srot_fast.geometry.PartialGeometry`, balanced
     penalties) where ``last`` (B, N) is given, the real part of the row soft-min, updated in place: then log_a, f,
     s (B, N + 1) and log_b, g, t (B, M + 1) hold the dummy points too. Returns the (B,) int64 updates each problem
-    ran. Call only when :func:`available`."""
+    ran. ``scaling``: a cold solve instead (not partial OT), eps-scaling first -- the whole of
+    :func:`srot_fast._loop.alternating` without ``init`` -- as (eps_list, scale_tol, scale_cap, scale_enter,
+    scale_near, need_t, passes): the fitted schedule ending at ``eps``, the loose solves' settings, whether the
+    first look at the target reads the columns, and a (1,) int64 tensor that receives the passes run; the state's
+    f, g, s, t, col, err, done are then outputs, n_iter gets every update added, the Anderson state is reset
+    before each loop and ``it0``, ``steps`` are not read. Call only when :func:`available`."""
     dtype, (nb, n, m) = sq_x.dtype, sq_x.shape
     nr, mr = n, m  # the real points
     if last is not None:
@@ -599,6 +607,14 @@ def alternating_loop(sq_x, sq_y, log_a, log_b, u, v, mass_a, mass_b, state: dict
         args.stall, args.plain_run, args.far_limit = int(anderson["stall"]), int(anderson["plain_run"]), \
             float(anderson["far"])
         args.quit = int(anderson["quit"])
+    if scaling is not None:
+        eps_list, args.scale_tol, args.scale_cap, args.scale_enter, args.scale_near, need_t, passes = scaling
+        _state("alternating_loop: passes", passes, torch.int64, (1,))
+        eps_list = torch.tensor(eps_list, dtype=f64)
+        if eps_list.numel() == 0:
+            raise ValueError("alternating_loop: an empty eps_list")
+        args.eps_list, args.n_eps, args.need_t, args.passes = eps_list.data_ptr(), eps_list.numel(), int(need_t), \
+            passes.data_ptr()
     (_load().srot_loop_f32 if dtype == torch.float32 else _load().srot_loop_f64)(ctypes.byref(args))
     return updates
 
@@ -625,14 +641,15 @@ def _loop_args(fn, ops, nb, n, m, p, kind_a, tau_a, eps, tol, value_tol, value_s
 
 def symmetric_loop(sq, log_a, u, v, mass_a, state: dict, p: int, kind: str, tau: float, eps: float, tol: float,
                    value_tol: Optional[float], value_span: float, window: int, it0: int,
-                   max_iter: int) -> torch.Tensor:
+                   max_iter: int, eps_list: Optional[Sequence[float]] = None) -> torch.Tensor:
     """The update loop at the target eps of :func:`srot_fast._loop.symmetric` (self-transport; its torch reference,
     which documents it) in one call of the compiled library, over the stored squared distances sq (B, N, N) of x
     with itself: every problem of the batch looks and updates until it is done or the loop has run ``max_iter``
     updates in all (it0 before this call). log_a (B, N), offsets u, v (B, N) or None (u = v), contiguous CPU tensors
     of sq's float32 / float64 dtype; mass_a (B,) float64. ``state``: f, s (B, N), err (B,) float64, done (B,)
     bool, n_iter (B,) int64, updated in place (s: the soft-min at the final f). Returns the (B,) int64 updates
-    each problem ran. Call only when :func:`available`."""
+    each problem ran. ``eps_list``: a cold solve, eps-scaling first (the fitted schedule ending at ``eps``; f is
+    then an output). Call only when :func:`available`."""
     dtype, (nb, n, _) = sq.dtype, sq.shape
     if dtype not in (torch.float64, torch.float32):
         raise ValueError(f"symmetric_loop: float32 / float64 operands expected, got {dtype}")
@@ -643,6 +660,11 @@ def symmetric_loop(sq, log_a, u, v, mass_a, state: dict, p: int, kind: str, tau:
     ops += [(name, t, dtype, (nb, n)) for name, t in (("u", u), ("v", v)) if t is not None]
     args, updates = _loop_args("symmetric_loop", ops, nb, n, n, p, kind, tau, eps, tol, value_tol, value_span,
                                window, 0, it0, max_iter)
+    if eps_list is not None:
+        eps_list = torch.tensor(list(eps_list), dtype=torch.float64)
+        if eps_list.numel() == 0:
+            raise ValueError("symmetric_loop: an empty eps_list")
+        args.eps_list, args.n_eps = eps_list.data_ptr(), eps_list.numel()
     (_load().srot_symmetric_loop_f32 if dtype == torch.float32 else _load().srot_symmetric_loop_f64)(
         ctypes.byref(args))
     return updates

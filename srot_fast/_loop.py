@@ -18,8 +18,9 @@ test reads the rows of its augmented problem; for KL penalties with the exact st
 On CPU with the compiled library, where the geometry keeps its squared distances (small problems, or D >= 8:
 ``Geometry._stored``), the loop at the target eps -- every look and update until the problem is done -- runs as
 one call of ``cpu_ops.alternating_loop`` (``symmetric_loop`` for self-transport), each problem on its own
-(:func:`_compiled_loop`); the torch loop below is its reference, with the same arithmetic (``COMPILED_LOOP =
-False`` runs it instead).
+(:func:`_compiled_loop`), and a cold solve other than partial OT runs whole, eps-scaling and its loose solves
+included, as one such call (:func:`_compiled_solve`); the torch code below is their reference, with the same
+arithmetic (``COMPILED_LOOP = False`` runs it instead).
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ SCALE_ENTER = 3e-2  # ... where its averaged step left the error above this (els
 SCALE_NEAR = 2.0   # ... and unless it lies within this factor of the target and the loose solve before took
                    # at most one update (an easy problem: the target's solve would repeat that work)
 VALUE_SPAN = 100   # the value test may stop a solve at a marginal error of at most this many times tol
-COMPILED_LOOP = True  # the update loop as one call of the compiled library where it applies (_compiled_loop)
+COMPILED_LOOP = True  # loops and cold solves as one call of the compiled library where they apply (_compiled_*)
 
 
 @dataclass
@@ -281,6 +282,12 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     psum = _point_sum(geom)
     native = _native(geom)
     mass_a = psum(log_a.double().exp())
+    if (init is None and tol is not None and max_iter > 0 and COMPILED_LOOP and native and check_every in (None, 1)
+            and stepper is None and vtest is None and col is None and getattr(geom, "real", None) is None):
+        sol = _compiled_solve(geom, log_a, log_b, pen_a, pen_b, eps_list, tol, max_iter, accelerate, value_tol,
+                              enter_tol, need_t, mass_a)
+        if sol is not None:
+            return sol
     if init is not None:
         eps = eps_list[-1]
         f, g, s = init if len(init) == 3 else (*init, None)
@@ -336,18 +343,8 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         return Solution(f, g, s, t, n_iter, err, passes, 0, torch.ones_like(err, dtype=torch.bool))
 
     fresh = stepper is None and vtest is None and col is None  # a loop that starts here (not a compacted batch)
-    if stepper is None:  # Anderson acceleration (partial OT: of the update followed by its rebalancing step)
-        mask = log_b > -math.inf
-        if rebalance is not None:  # the dummy point stays out of the least squares (every rank holds a copy)
-            mask[:, -1] = False
-        real = getattr(geom, "real", geom)  # partial OT: the geometry of the real points
-        offsets = getattr(real, "u", None) is not None or getattr(real, "v", None) is not None
-        by_value = not (pen_a.balanced and pen_b.balanced) or (rebalance is not None and offsets)
-        gap = RESTART_GAP if rebalance is not None and offsets else 0
-        partial = rebalance is not None  # stall watch: rests on balanced OT, quitting on partial OT
-        stepper = (Anderson(batch, f, mask, rank_sum=_rank_sum(geom), by_value=by_value, restart_gap=gap,
-                            watch=not (partial or by_value), quit=QUIT if partial else 0, native=native)
-                   if accelerate else Plain())
+    if stepper is None:
+        stepper = _stepper(geom, log_b, pen_a, pen_b, f, accelerate, native)
     vtest = _ValueTest(value_tol) if vtest is None else vtest
     checks = _Checks(f.device, check_every)
     done = torch.zeros(batch, dtype=torch.bool, device=f.device)
@@ -432,6 +429,37 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     return Solution(f, g, s, t, n_iter, err, passes, checks.syncs, done)
 
 
+def _stepper(geom, log_b, pen_a, pen_b, f, accelerate: bool, native: bool):
+    """A new Anderson acceleration (partial OT: of the update followed by its rebalancing step) for the loop of
+    :func:`alternating` from (B, N) potentials like ``f``; :class:`Plain` without ``accelerate``."""
+    if not accelerate:
+        return Plain()
+    rebalance = getattr(geom, "rebalance", None)
+    mask = log_b > -math.inf
+    if rebalance is not None:  # the dummy point stays out of the least squares (every rank holds a copy)
+        mask[:, -1] = False
+    real = getattr(geom, "real", geom)  # partial OT: the geometry of the real points
+    offsets = getattr(real, "u", None) is not None or getattr(real, "v", None) is not None
+    by_value = not (pen_a.balanced and pen_b.balanced) or (rebalance is not None and offsets)
+    gap = RESTART_GAP if rebalance is not None and offsets else 0
+    partial = rebalance is not None  # stall watch: rests on balanced OT, quitting on partial OT
+    return Anderson(f.shape[0], f, mask, rank_sum=_rank_sum(geom), by_value=by_value, restart_gap=gap,
+                    watch=not (partial or by_value), quit=QUIT if partial else 0, native=native)
+
+
+def _anderson_state(stepper, g) -> Optional[dict]:
+    """The state of an :class:`Anderson` stepper (its history allocated for (B, M) potentials like ``g``) as
+    ``cpu_ops.alternating_loop`` reads it; None for plain updates."""
+    if not isinstance(stepper, Anderson):
+        return None
+    stepper.allocate(g)
+    state = {name: getattr(stepper, name) for name in (
+        "mask", "images", "resid", "inner", "valid", "best", "top", "low", "since", "flat", "rest", "stalls", "slot",
+        "by_value", "watch", "quit", "restart_gap")}
+    state.update(stall=STALL, plain_run=PLAIN_RUN, far=FAR)
+    return state
+
+
 def _stored_operands(geom, transpose: bool, *ts):
     """(sq, u, v) for a compiled loop: the geometry's stored distances (:meth:`Geometry.stored_distances`) and its
     offsets (contiguous, or None), where it keeps them and they share one float32 / float64 dtype with the tensors
@@ -469,17 +497,10 @@ def _compiled_loop(geom, log_a, log_b, pen_a, pen_b, eps, tol, enter_tol, value_
              "t": torch.zeros_like(g).contiguous() if t_none else t.contiguous().clone(),
              "col": col.double().contiguous().clone(), "err": torch.zeros_like(mass_a),
              "done": torch.zeros(log_a.shape[0], dtype=torch.bool), "n_iter": n_iter.contiguous().clone()}
-    anderson = None
-    if isinstance(stepper, Anderson):
-        stepper.allocate(g)
-        anderson = {name: getattr(stepper, name) for name in (
-            "mask", "images", "resid", "inner", "valid", "best", "top", "low", "since", "flat", "rest", "stalls",
-            "slot", "by_value", "watch", "quit", "restart_gap")}
-        anderson.update(stall=STALL, plain_run=PLAIN_RUN, far=FAR)
     updates = _cpu_ops().alternating_loop(
         sq[0], sq[1], log_a.contiguous(), log_b.contiguous(), u, v, mass_a.contiguous(), mass_b.contiguous(), state,
-        anderson, real.p, pen_a.kind, pen_a.tau, pen_b.kind, pen_b.tau, eps, tol, enter_tol, value_tol, VALUE_SPAN,
-        WINDOW, steps, it0, max_iter, translate, last, geom.mass if partial else 1.0)
+        _anderson_state(stepper, g), real.p, pen_a.kind, pen_a.tau, pen_b.kind, pen_b.tau, eps, tol, enter_tol,
+        value_tol, VALUE_SPAN, WINDOW, steps, it0, max_iter, translate, last, geom.mass if partial else 1.0)
     if partial:
         geom._last_real = last
     most = int(updates.max()) if updates.numel() else 0
@@ -491,18 +512,49 @@ def _compiled_loop(geom, log_a, log_b, pen_a, pen_b, eps, tol, enter_tol, value_
                     most + 1, state["done"])
 
 
-def _compiled_symmetric(geom, log_a, pen, eps, tol, value_tol, max_iter, it0, f, n_iter, mass_a,
-                        passes) -> Optional[Solution]:
-    """The update loop of :func:`symmetric` as one call of the compiled library (``cpu_ops.symmetric_loop``), as
-    :func:`_compiled_loop`; one pass a look."""
-    operands = _stored_operands(geom, False, log_a, f)
+def _compiled_solve(geom, log_a, log_b, pen_a, pen_b, eps_list, tol, max_iter, accelerate, value_tol, enter_tol,
+                    need_t, mass_a) -> Optional[Solution]:
+    """:func:`alternating` without ``init`` -- eps-scaling with its loose solves, then the loop at the target eps -- as
+    one call of the compiled library (``cpu_ops.alternating_loop`` with ``scaling``: the same arithmetic, stage by
+    stage, each problem on its own within a stage), for a problem other than partial OT where the geometry keeps
+    its squared distances and the operands share a float32 / float64 dtype (what :func:`_compiled_loop` needs);
+    None elsewhere. Counts passes and looks as the torch loop with its compiled loops does."""
+    operands = _stored_operands(geom, True, log_a, log_b)
     if operands is None:
         return None
     sq, u, v = operands
-    state = {"f": f.contiguous().clone(), "s": torch.empty_like(f).contiguous(), "err": torch.zeros_like(mass_a),
+    eps_list = fit_schedule(eps_list, max_iter)
+    batch, log_a, log_b = log_a.shape[0], log_a.contiguous(), log_b.contiguous()
+    f, s, g, t = torch.empty_like(log_a), torch.empty_like(log_a), torch.empty_like(log_b), torch.empty_like(log_b)
+    state = {"f": f, "g": g, "s": s, "t": t, "col": torch.zeros_like(mass_a), "err": torch.zeros_like(mass_a),
+             "done": torch.zeros(batch, dtype=torch.bool), "n_iter": torch.zeros(batch, dtype=torch.int64)}
+    passes = torch.zeros(1, dtype=torch.int64)
+    translate = accelerate and "kl" in (pen_a.kind, pen_b.kind)  # as the loop's, not partial OT
+    updates = _cpu_ops().alternating_loop(
+        sq[0], sq[1], log_a, log_b, u, v, mass_a.contiguous(), log_b.double().exp().sum(-1), state,
+        _anderson_state(_stepper(geom, log_b, pen_a, pen_b, f, accelerate, True), g), geom.p, pen_a.kind, pen_a.tau,
+        pen_b.kind, pen_b.tau, eps_list[-1], tol, enter_tol, value_tol, VALUE_SPAN, WINDOW, 0, 0, max_iter,
+        translate, scaling=(eps_list, SCALE_TOL, SCALE_CAP, SCALE_ENTER, SCALE_NEAR, need_t, passes))
+    most = int(updates.max()) if updates.numel() else 0
+    return Solution(f, g, s, t if need_t else None, state["n_iter"], state["err"], int(passes), most + 1,
+                    state["done"])
+
+
+def _compiled_symmetric(geom, log_a, pen, eps, tol, value_tol, max_iter, it0, f, n_iter, mass_a,
+                        passes, eps_list=None) -> Optional[Solution]:
+    """The update loop of :func:`symmetric` as one call of the compiled library (``cpu_ops.symmetric_loop``), as
+    :func:`_compiled_loop`; one pass a look. ``eps_list`` (the fitted schedule, ``f`` None): a cold solve, the
+    eps-scaling in the same call."""
+    operands = _stored_operands(geom, False, log_a, *(() if f is None else (f,)))
+    if operands is None:
+        return None
+    sq, u, v = operands
+    f = torch.empty_like(log_a).contiguous() if f is None else f.contiguous().clone()
+    state = {"f": f, "s": torch.empty_like(f).contiguous(), "err": torch.zeros_like(mass_a),
              "done": torch.zeros(log_a.shape[0], dtype=torch.bool), "n_iter": n_iter.contiguous().clone()}
     updates = _cpu_ops().symmetric_loop(sq[0], log_a.contiguous(), u, v, mass_a.contiguous(), state, geom.p,
-                                        pen.kind, pen.tau, eps, tol, value_tol, VALUE_SPAN, WINDOW, it0, max_iter)
+                                        pen.kind, pen.tau, eps, tol, value_tol, VALUE_SPAN, WINDOW, it0, max_iter,
+                                        eps_list)
     looks = (int(updates.max()) if updates.numel() else 0) + 1
     f, s = state["f"], state["s"]
     return Solution(f, f, s, s, state["n_iter"], state["err"], passes + looks, looks, state["done"])
@@ -573,6 +625,13 @@ def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optiona
     else:
         if tol is not None:
             eps_list = fit_schedule(eps_list, max(max_iter, 1))
+            if COMPILED_LOOP and native and check_every in (None, 1):  # the whole solve, compiled
+                n_done = len(eps_list) - 1
+                sol = _compiled_symmetric(geom, log_a, pen, eps_list[-1], tol, value_tol, max_iter, n_done, None,
+                                          torch.full((batch,), n_done, dtype=torch.int64), mass_a, len(eps_list),
+                                          eps_list)
+                if sol is not None:
+                    return sol
         f = pen.aprox(geom.softmin_x(log_a, eps_list[0]), eps_list[0])
         passes += 1
     if tol is None:  # GeomLoss's fixed schedule: averaged updates at every eps, then one plain update

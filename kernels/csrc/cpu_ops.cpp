@@ -605,7 +605,7 @@ void prune_task(int64_t s, Boxes rb, Boxes rs, int64_t nrb, Boxes cb, Boxes cs, 
 extern "C" {
 
 // Version of the entry points below; the loader refuses a library whose version differs from its own.
-int srot_abi_version() { return 10; }
+int srot_abi_version() { return 11; }
 
 // Every entry point takes a batch of nbatch problems of the same sizes (n, m, d): problem b reads
 // x + b * sx (n, d) row-major, yt + b * syt (d, ld) = y transposed with ld = m rounded up to a multiple of
@@ -1285,7 +1285,7 @@ SROT_DEFINE_PARTIAL(double, f64)
 // arithmetic as the torch loop that calls those functions one at a time: a problem's updates never read another
 // problem, and the ring buffer's slot advances with every update of the batch as with every update of the problem.
 // A finished problem stops (the torch loop keeps it frozen). Partial OT: partial_problem below. Not for a loop
-// that looks every k > 1 updates.
+// that looks every k > 1 updates. A cold solve (solve below) runs eps-scaling and its loose solves first.
 namespace {
 
 struct LoopArgs {
@@ -1323,9 +1323,20 @@ struct LoopArgs {
   void* last;
   double log_mass;
   int64_t quit;
+  // a cold solve (srot_loop_* and srot_symmetric_loop_* where eps_list is given): eps-scaling before the loop over
+  // eps_list (n_eps values, the last one the target eps A.eps); the loose solves' relative marginal error, cap of
+  // updates, error below which a problem takes none, and the factor of the target eps within which an easy solve
+  // (at most one update at the eps before) skips them; need_t: the target loop's first look reads the columns too;
+  // passes (1,): the soft-min passes run, written (alternating solves)
+  const double* eps_list;
+  int64_t n_eps;
+  double scale_tol, scale_enter, scale_near;
+  int64_t scale_cap, need_t;
+  int64_t* passes;
 };
 
 // Penalty.aprox (srot_fast/penalties.py) in the dtype: s (balanced), s * tau / (tau + eps) (KL), clamp(s, -tau, tau)
+// (TV); out may be s
 template <typename T> void aprox(int64_t kind, double tau, double eps, const T* s, int64_t len, T* out) {
   if (kind == 1) {
     const T r = T(tau / (tau + eps));
@@ -1333,7 +1344,7 @@ template <typename T> void aprox(int64_t kind, double tau, double eps, const T* 
   } else if (kind == 2) {
     const T lo = T(-tau), hi = T(tau);
     for (int64_t i = 0; i < len; ++i) out[i] = std::isnan(s[i]) ? s[i] : std::min(std::max(s[i], lo), hi);
-  } else {
+  } else if (out != s) {
     std::memcpy(out, s, sizeof(T) * len);
   }
 }
@@ -1404,6 +1415,34 @@ inline void finish(const LoopArgs& A, int64_t b, double col, double err, bool do
   A.done[b] = done;
   A.n_iter[b] += k;
   A.updates[b] = k;
+}
+
+// fn(b, threads) for each problem b of the batch: one problem on all A.nthreads threads, or the problems spread over
+// them (one thread each)
+template <typename F> void each(const LoopArgs& A, F&& fn) {
+  if (A.nb == 1) {
+    fn(int64_t(0), int(A.nthreads));
+    return;
+  }
+#pragma omp parallel for num_threads(A.nthreads) schedule(dynamic, 1)
+  for (int64_t b = 0; b < A.nb; ++b) fn(b, 1);
+}
+
+// A fresh Anderson history for problem b (srot_fast/_anderson.py, Anderson.__init__ and allocate), as each solve
+// that starts from new potentials has (the loose solves of eps-scaling, the loop at the target eps)
+inline void anderson_reset(const LoopArgs& A, int64_t b) {
+  if (!A.accelerate) return;
+  const int64_t k1 = A.k1, m = A.m;
+  const double inf = std::numeric_limits<double>::infinity();
+  std::fill_n(A.images + b * k1 * m, k1 * m, 0.0);
+  std::fill_n(A.resid + b * k1 * m, k1 * m, 0.0);
+  std::fill_n(A.inner + b * k1 * k1, k1 * k1, 0.0);
+  std::fill_n(A.valid + b * k1, k1, uint8_t(0));
+  A.best[b] = inf;
+  A.top[b] = -inf;
+  A.low[b] = inf;
+  A.since[b] = A.gap + 1;
+  A.flat[b] = A.rest[b] = A.stalls[b] = 0;
 }
 
 // One look of the loop (srot_fast/_loop.py, alternating) at problem b's k-th update: the row error at (f, s), fhat =
@@ -1537,15 +1576,123 @@ template <typename T> void partial_problem(const LoopArgs& A, int64_t b, int nth
   finish(A, b, col, err, done, k);
 }
 
+// A cold solve of the batch (srot_fast/_loop.py, alternating without init, its torch reference; not partial OT): the
+// initial potentials at the first eps, at each eps of eps_list the averaged step and, accelerated and for all but
+// the last eps, the loose solve (loop_problem to scale_tol), then the first look's passes and the loop at the target
+// eps. Each stage runs problem by problem; between stages the batch's largest update counts decide the loose
+// solves' budgets and skips and the target loop's start, as in the reference. Writes f, g, s, t (zeros unless
+// need_t), col, err, done, n_iter (+= every update), updates (those of the target loop) and passes.
+template <typename T> void solve(const LoopArgs& A) {
+  const int64_t nb = A.nb, n = A.n, m = A.m, ne = A.n_eps, len = std::max(n, m);
+  const int p = int(A.p);
+  const double target = A.eps_list[ne - 1];
+  const auto most = [nb](const int64_t* c) { return nb == 0 ? int64_t(0) : *std::max_element(c, c + nb); };
+  const double e0 = A.eps_list[0];
+  each(A, [&](int64_t b, int nt) {  // f = A_a(S_x(0)), g = A_b(S_y(0)) at the first eps
+    const auto sl = slices<T>(A, b, n, m);
+    std::vector<T> zero(len, T(0)), h(len);
+    pass<T>(sl.sqx, sl.lb, zero.data(), sl.v, sl.u, n, m, p, e0, h.data(), sl.f, nt);
+    pass<T>(sl.sqy, sl.la, zero.data(), sl.u, sl.v, m, n, p, e0, h.data(), sl.g, nt);
+    aprox<T>(A.kind_a, A.tau_a, e0, sl.f, n, sl.f);
+    aprox<T>(A.kind_b, A.tau_b, e0, sl.g, m, sl.g);
+  });
+  int64_t passes = 2, last = 0;  // last: updates of the last loose solve (the most of any problem)
+  std::vector<int64_t> extra(nb, 0), sub_iter(nb), sub_updates(nb);  // updates of the loose solves
+  std::vector<double> sub_col(nb), sub_err(nb);
+  std::vector<uint8_t> sub_done(nb);
+  for (int64_t k = 0; k < ne; ++k) {
+    const double e = A.eps_list[k];
+    each(A, [&](int64_t b, int nt) {  // the averaged step (stable while eps shrinks)
+      const auto sl = slices<T>(A, b, n, m);
+      std::vector<T> ft(n), gt(m), h(len);
+      pass<T>(sl.sqx, sl.lb, sl.g, sl.v, sl.u, n, m, p, e, h.data(), ft.data(), nt);
+      pass<T>(sl.sqy, sl.la, sl.f, sl.u, sl.v, m, n, p, e, h.data(), gt.data(), nt);
+      aprox<T>(A.kind_a, A.tau_a, e, ft.data(), n, ft.data());
+      aprox<T>(A.kind_b, A.tau_b, e, gt.data(), m, gt.data());
+      const T half = T(0.5);
+      for (int64_t i = 0; i < n; ++i) sl.f[i] = half * (sl.f[i] + ft[i]);
+      for (int64_t j = 0; j < m; ++j) sl.g[j] = half * (sl.g[j] + gt[j]);
+    });
+    passes += 2;
+    if (!A.accelerate || k == ne - 1) continue;
+    const int64_t left = A.max_iter - ne - most(extra.data());
+    if (left <= 0 || (e <= A.scale_near * target && last <= 1)) continue;  // no budget, or an easy problem
+    LoopArgs L = A;  // the loose solve at e: its own counts, no value test, a fresh history
+    L.eps = e;
+    L.tol = A.scale_tol;
+    L.enter_tol = A.scale_enter;
+    L.value_tol = -1;
+    L.steps = L.it0 = L.slot = 0;
+    L.max_iter = std::min(A.scale_cap, left);
+    L.col = sub_col.data();
+    L.err = sub_err.data();
+    L.done = sub_done.data();
+    L.n_iter = sub_iter.data();
+    L.updates = sub_updates.data();
+    each(A, [&](int64_t b, int nt) {
+      const auto sl = slices<T>(A, b, n, m);
+      std::vector<T> h(len);
+      pass<T>(sl.sqx, sl.lb, sl.g, sl.v, sl.u, n, m, p, e, h.data(), sl.s, nt);  // the first look reads the rows
+      sub_col[b] = sub_err[b] = 0.0;
+      sub_done[b] = 0;
+      sub_iter[b] = 0;
+      anderson_reset(A, b);
+      loop_problem<T>(L, b, nt);
+    });
+    last = most(sub_updates.data());
+    passes += 1 + 2 * last;
+    for (int64_t b = 0; b < nb; ++b) extra[b] += sub_updates[b];
+  }
+  const double e = A.eps;  // the target
+  each(A, [&](int64_t b, int nt) {  // the first look's passes: the rows and, need_t, the columns
+    const auto sl = slices<T>(A, b, n, m);
+    std::vector<T> h(len), ghat(m);
+    pass<T>(sl.sqx, sl.lb, sl.g, sl.v, sl.u, n, m, p, e, h.data(), sl.s, nt);
+    if (A.need_t) {
+      pass<T>(sl.sqy, sl.la, sl.f, sl.u, sl.v, m, n, p, e, h.data(), sl.t, nt);
+      if (A.kind_b != 0) aprox<T>(A.kind_b, A.tau_b, e, sl.t, m, ghat.data());
+      marginal_error<T>(sl.lb, sl.g, sl.t, A.kind_b == 0 ? nullptr : ghat.data(), 1, m, e, A.col + b);
+      A.col[b] /= A.mass_b[b];
+    } else {
+      std::fill_n(sl.t, m, T(0));
+      A.col[b] = 0.0;
+    }
+    A.err[b] = 0.0;
+    A.done[b] = 0;
+    A.n_iter[b] += ne + extra[b];
+    anderson_reset(A, b);
+  });
+  passes += A.need_t ? 2 : 1;
+  LoopArgs F = A;
+  F.it0 = most(A.n_iter);
+  F.steps = F.slot = 0;
+  each(A, [&](int64_t b, int nt) { loop_problem<T>(F, b, nt); });
+  *A.passes = passes + 2 * most(A.updates);
+}
+
 // The self-transport loop (srot_fast/_loop.py, symmetric, its torch reference) of one problem over the stored
 // squared distances sq_x (n, n) of x with itself: averaged updates f <- (f + A(S(f))) / 2 (the offsets u of the
-// rows, v of the columns: u = v). Reads sq_x, la, u, v, mass_a; updates f, s, err, done, n_iter, updates.
+// rows, v of the columns: u = v). Reads sq_x, la, u, v, mass_a; updates f, s, err, done, n_iter, updates. Where
+// eps_list is given, a cold solve: eps-scaling (f from the zero potential, averaged steps) first.
 template <typename T> void symmetric_problem(const LoopArgs& A, int64_t b, int nthreads) {
   const int64_t n = A.n;
   const double eps = A.eps;
   const auto [sq, unused, la, lb, u, v, f, g, s, t] = slices<T>(A, b, n, n);  // (no columns of their own)
   std::vector<T> fhat_buf(n), h(n);
   const T* fhat = A.kind_a == 0 ? s : fhat_buf.data();
+  if (A.eps_list != nullptr) {  // a cold solve: f = A(S(0)) at the first eps, averaged steps at all but the last
+    const double e0 = A.eps_list[0];
+    std::vector<T> zero(n, T(0));
+    pass<T>(sq, la, zero.data(), v, u, n, n, int(A.p), e0, h.data(), f, nthreads);
+    aprox<T>(A.kind_a, A.tau_a, e0, f, n, f);
+    for (int64_t k = 0; k + 1 < A.n_eps; ++k) {
+      const double e = A.eps_list[k];
+      pass<T>(sq, la, f, v, u, n, n, int(A.p), e, h.data(), s, nthreads);
+      aprox<T>(A.kind_a, A.tau_a, e, s, n, fhat_buf.data());
+      const T half = T(0.5);
+      for (int64_t i = 0; i < n; ++i) f[i] = half * (f[i] + fhat[i]);
+    }
+  }
   ValueTest vtest;
   double err = A.err[b];
   bool done = A.done[b] != 0;
@@ -1576,22 +1723,16 @@ extern "C" {
 #define SROT_DEFINE_LOOP(T, SUF)                                                                            \
   void srot_loop_##SUF(const LoopArgs* args) {                                                             \
     const LoopArgs& A = *args;                                                                             \
-    auto one = A.last == nullptr ? loop_problem<T> : partial_problem<T>;                                   \
-    if (A.nb == 1) {                                                                                       \
-      one(A, 0, int(A.nthreads));                                                                          \
+    if (A.eps_list != nullptr) {                                                                           \
+      solve<T>(A);                                                                                         \
       return;                                                                                              \
     }                                                                                                      \
-    _Pragma("omp parallel for num_threads(A.nthreads) schedule(dynamic, 1)")                               \
-    for (int64_t b = 0; b < A.nb; ++b) one(A, b, 1);                                                       \
+    auto one = A.last == nullptr ? loop_problem<T> : partial_problem<T>;                                   \
+    each(A, [&](int64_t b, int nt) { one(A, b, nt); });                                                    \
   }                                                                                                        \
   void srot_symmetric_loop_##SUF(const LoopArgs* args) {                                                   \
     const LoopArgs& A = *args;                                                                             \
-    if (A.nb == 1) {                                                                                       \
-      symmetric_problem<T>(A, 0, int(A.nthreads));                                                         \
-      return;                                                                                              \
-    }                                                                                                      \
-    _Pragma("omp parallel for num_threads(A.nthreads) schedule(dynamic, 1)")                               \
-    for (int64_t b = 0; b < A.nb; ++b) symmetric_problem<T>(A, b, 1);                                      \
+    each(A, [&](int64_t b, int nt) { symmetric_problem<T>(A, b, nt); });                                   \
   }
 
 SROT_DEFINE_LOOP(float, f32)
