@@ -111,14 +111,14 @@ def threads(n: Optional[int]):
 
 
 class Timer:
-    """Wall-clock and process CPU time since creation, in seconds (rounded to 0.01 s)."""
+    """Wall-clock and process CPU time since creation, in seconds (rounded to 0.01 s unless told)."""
 
     def __init__(self):
         self.t0, self.c0 = time.perf_counter(), time.process_time()
 
-    def read(self) -> float:
-        """Wall-clock seconds."""
-        return round(time.perf_counter() - self.t0, 2)
+    def read(self, digits: int = 2) -> float:
+        """Wall-clock seconds, rounded to ``digits`` decimals."""
+        return round(time.perf_counter() - self.t0, digits)
 
     def cpu(self) -> float:
         """CPU seconds of this process (all threads)."""

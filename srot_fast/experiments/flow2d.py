@@ -162,7 +162,7 @@ def run_flow(name: str, alpha: torch.Tensor, beta0: torch.Tensor, *, a: torch.Te
         iters.append(res.n_iter)
         values.append(float(res.value.detach()))
         y = (y.detach() - lr * m * grad).detach()
-        step_s.append(t_step.read())
+        step_s.append(t_step.read(5))  # a step of a small flow takes milliseconds
         if not bool(torch.isfinite(y).all()):
             raise FloatingPointError(f"flow {name!r} diverged at step {t} (non-finite points); lower --lr")
         keep(t, y)
