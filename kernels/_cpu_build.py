@@ -305,6 +305,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         # its rebalancing step: f, g, last, la, lb, nb, n, m, eps, log_mass, f_out, g_out, last_out, s_out
         getattr(lib, f"srot_partial_rebalance_{suf}").argtypes = [p, p, p, p, p, i64, i64, i64, dbl, dbl, p, p, p, p]
         getattr(lib, f"srot_partial_rebalance_{suf}").restype = None
+        getattr(lib, f"srot_partial_dummies_{suf}").argtypes = [p, p, p, p, i64, i64, i64, dbl, p, p]
+        getattr(lib, f"srot_partial_dummies_{suf}").restype = None
     lib.srot_track.argtypes = [p, p, p, p, p, p, i64, c_int, c_int, i64, i64]
     lib.srot_track.restype = None
     lib.srot_replaced.argtypes = [p, p, p, p, p, p, i64, i64, i64, dbl, c_int, i64, p]

@@ -84,6 +84,7 @@ __all__ = [
     "dual_value",
     "kl_translation",
     "partial_augment",
+    "partial_dummies",
     "partial_rebalance",
     "track",
     "replaced",
@@ -475,6 +476,25 @@ def partial_augment(real: torch.Tensor, h: torch.Tensor, eps: float) -> torch.Te
     return out
 
 
+def partial_dummies(f: torch.Tensor, g: torch.Tensor, log_a: torch.Tensor, log_b: torch.Tensor, eps: float):
+    """(f, g) with the dummy points' exact updates of partial OT's rebalancing step (``dummies``,
+    :meth:`srot_fast.geometry.PartialGeometry.rebalance`, its torch reference) in one call of the compiled library,
+    the sums in float64 rounded to the dtype: f, log_a (B, N + 1) and g, log_b (B, M + 1) CPU tensors of one float32
+    / float64 dtype; returns new tensors. Call only when :func:`available`."""
+    dtype, (nb, n1), m1 = f.dtype, f.shape, g.shape[-1]
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"partial_dummies: float32 / float64 potentials expected, got {dtype}")
+    if n1 < 1 or m1 < 1:
+        raise ValueError(f"partial_dummies: f (B, N + 1) and g (B, M + 1) with their dummy points expected, got "
+                         f"{tuple(f.shape)} and {tuple(g.shape)}")
+    f, log_a = (_state(name, t.contiguous(), dtype, (nb, n1)) for name, t in (("f", f), ("log_a", log_a)))
+    g, log_b = (_state(name, t.contiguous(), dtype, (nb, m1)) for name, t in (("g", g), ("log_b", log_b)))
+    f_out, g_out = torch.empty_like(f), torch.empty_like(g)
+    (_load().srot_partial_dummies_f32 if dtype == torch.float32 else _load().srot_partial_dummies_f64)(
+        _ptr(f), _ptr(g), _ptr(log_a), _ptr(log_b), nb, n1 - 1, m1 - 1, float(eps), _ptr(f_out), _ptr(g_out))
+    return f_out, g_out
+
+
 def partial_rebalance(f: torch.Tensor, g: torch.Tensor, last: torch.Tensor, log_a: torch.Tensor,
                       log_b: torch.Tensor, eps: float, mass: float):
     """(f, g, last, s) after partial OT's rebalancing step: :meth:`srot_fast.geometry.PartialGeometry.rebalance`
@@ -568,7 +588,7 @@ def alternating_loop(sq_x, sq_y, log_a, log_b, u, v, mass_a, mass_b, state: dict
     plain updates. Partial OT of transported ``mass`` (:class:`srot_fast.geometry.PartialGeometry`, balanced
     penalties) where ``last`` (B, N) is given, the real part of the row soft-min, updated in place: then log_a, f,
     s (B, N + 1) and log_b, g, t (B, M + 1) hold the dummy points too. Returns the (B,) int64 updates each problem
-    ran. ``scaling``: a cold solve instead (not partial OT), eps-scaling first -- the whole of
+    ran. ``scaling``: a cold solve instead, eps-scaling first -- the whole of
     :func:`srot_fast._loop.alternating` without ``init`` -- as (eps_list, scale_tol, scale_cap, scale_enter,
     scale_near, need_t, passes): the fitted schedule ending at ``eps``, the loose solves' settings, whether the
     first look at the target reads the columns, and a (1,) int64 tensor that receives the passes run; the state's

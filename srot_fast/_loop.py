@@ -18,9 +18,9 @@ test reads the rows of its augmented problem; for KL penalties with the exact st
 On CPU with the compiled library, where the geometry keeps its squared distances (small problems, or D >= 8:
 ``Geometry._stored``), the loop at the target eps -- every look and update until the problem is done -- runs as
 one call of ``cpu_ops.alternating_loop`` (``symmetric_loop`` for self-transport), each problem on its own
-(:func:`_compiled_loop`), and a cold solve other than partial OT runs whole, eps-scaling and its loose solves
-included, as one such call (:func:`_compiled_solve`); the torch code below is their reference, with the same
-arithmetic (``COMPILED_LOOP = False`` runs it instead).
+(:func:`_compiled_loop`), and a cold solve runs whole, eps-scaling and its loose solves included, as one such
+call (:func:`_compiled_solve`); the torch code below is their reference, with the same arithmetic
+(``COMPILED_LOOP = False`` runs it instead).
 """
 from __future__ import annotations
 
@@ -283,7 +283,8 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     native = _native(geom)
     mass_a = psum(log_a.double().exp())
     if (init is None and tol is not None and max_iter > 0 and COMPILED_LOOP and native and check_every in (None, 1)
-            and stepper is None and vtest is None and col is None and getattr(geom, "real", None) is None):
+            and stepper is None and vtest is None and col is None
+            and (accelerate or getattr(geom, "real", None) is None)):  # (partial OT's plain updates: torch)
         sol = _compiled_solve(geom, log_a, log_b, pen_a, pen_b, eps_list, tol, max_iter, accelerate, value_tol,
                               enter_tol, need_t, mass_a)
         if sol is not None:
@@ -516,10 +517,13 @@ def _compiled_solve(geom, log_a, log_b, pen_a, pen_b, eps_list, tol, max_iter, a
                     need_t, mass_a) -> Optional[Solution]:
     """:func:`alternating` without ``init`` -- eps-scaling with its loose solves, then the loop at the target eps -- as
     one call of the compiled library (``cpu_ops.alternating_loop`` with ``scaling``: the same arithmetic, stage by
-    stage, each problem on its own within a stage), for a problem other than partial OT where the geometry keeps
-    its squared distances and the operands share a float32 / float64 dtype (what :func:`_compiled_loop` needs);
-    None elsewhere. Counts passes and looks as the torch loop with its compiled loops does."""
-    operands = _stored_operands(geom, True, log_a, log_b)
+    stage, each problem on its own within a stage), where the geometry (partial OT: the real one, accelerated
+    updates only) keeps its squared distances and the operands share a float32 / float64 dtype (what
+    :func:`_compiled_loop` needs); None elsewhere. Counts passes and looks as the torch code with its compiled
+    loops does."""
+    partial = getattr(geom, "real", None) is not None
+    real = geom.real if partial else geom
+    operands = _stored_operands(real, True, log_a, log_b)
     if operands is None:
         return None
     sq, u, v = operands
@@ -529,12 +533,16 @@ def _compiled_solve(geom, log_a, log_b, pen_a, pen_b, eps_list, tol, max_iter, a
     state = {"f": f, "g": g, "s": s, "t": t, "col": torch.zeros_like(mass_a), "err": torch.zeros_like(mass_a),
              "done": torch.zeros(batch, dtype=torch.bool), "n_iter": torch.zeros(batch, dtype=torch.int64)}
     passes = torch.zeros(1, dtype=torch.int64)
-    translate = accelerate and "kl" in (pen_a.kind, pen_b.kind)  # as the loop's, not partial OT
+    last = torch.empty_like(f[:, :-1]) if partial else None  # the real row soft-min, as the rebalancing step reads it
+    translate = accelerate and not partial and "kl" in (pen_a.kind, pen_b.kind)  # as the loop's
     updates = _cpu_ops().alternating_loop(
         sq[0], sq[1], log_a, log_b, u, v, mass_a.contiguous(), log_b.double().exp().sum(-1), state,
-        _anderson_state(_stepper(geom, log_b, pen_a, pen_b, f, accelerate, True), g), geom.p, pen_a.kind, pen_a.tau,
+        _anderson_state(_stepper(geom, log_b, pen_a, pen_b, f, accelerate, True), g), real.p, pen_a.kind, pen_a.tau,
         pen_b.kind, pen_b.tau, eps_list[-1], tol, enter_tol, value_tol, VALUE_SPAN, WINDOW, 0, 0, max_iter,
-        translate, scaling=(eps_list, SCALE_TOL, SCALE_CAP, SCALE_ENTER, SCALE_NEAR, need_t, passes))
+        translate, last, geom.mass if partial else 1.0,
+        scaling=(eps_list, SCALE_TOL, SCALE_CAP, SCALE_ENTER, SCALE_NEAR, need_t, passes))
+    if partial:
+        geom._last_real = last
     most = int(updates.max()) if updates.numel() else 0
     return Solution(f, g, s, t if need_t else None, state["n_iter"], state["err"], int(passes), most + 1,
                     state["done"])

@@ -209,10 +209,13 @@ class PartialGeometry:
         soft-min at the new g; the last :meth:`softmin_x` call must have been at this g (no kernel pass).
         ``dummies``: the dummy row and column potentials first take their exact updates, so that the plan's
         dummy row and column carry their masses |b| - s and |a| - s (what an averaged eps-scaling step leaves
-        furthest off; the shift keeps them). Without ``dummies``, with the compiled library where :meth:`_augment`
-        uses it: one call (``cpu_ops.partial_rebalance``, float64 arithmetic) instead of these torch operations."""
-        if (not dummies and self._native and self._last_real is not None
+        furthest off; the shift keeps them). With the compiled library where :meth:`_augment` uses it: one call
+        for the dummies (``cpu_ops.partial_dummies``) and one for the step (``cpu_ops.partial_rebalance``), float64
+        arithmetic, instead of these torch operations."""
+        if (self._native and self._last_real is not None
                 and all(t.dtype == f.dtype for t in (g, log_a, log_b, self._last_real))):
+            if dummies:
+                f, g = self._native.partial_dummies(f, g, log_a, log_b, eps)
             f, g, self._last_real, s = self._native.partial_rebalance(f, g, self._last_real, log_a, log_b, eps,
                                                                       self.mass)
             return f, g, s

@@ -1258,6 +1258,28 @@ void partial_rebalance(const T* f, const T* g, const T* last, const T* la, const
   }
 }
 
+// rebalance's dummy updates (dummies on): fo = f but fo_n = -eps LSE_{j<m} (lb_j + g_j / eps), go = g but go_m =
+// -eps LSE_{i<n} (la_i + f_i / eps) (the terms in the dtype, the sums in float64); f, la, fo (nb, n + 1), g, lb,
+// go (nb, m + 1); fo, go may be f, g
+template <typename T>
+void partial_dummies(const T* f, const T* g, const T* la, const T* lb, int64_t nb, int64_t n, int64_t m, double eps,
+                     T* fo, T* go) {
+  const T e = T(eps);
+  std::vector<T> h(std::max(n, m));
+  for (int64_t b = 0; b < nb; ++b) {
+    const T *fb = f + b * (n + 1), *gb = g + b * (m + 1), *lab = la + b * (n + 1), *lbb = lb + b * (m + 1);
+    for (int64_t j = 0; j < m; ++j) h[j] = lbb[j] + gb[j] / e;
+    const T fd = T(-eps * log_sum_exp(h.data(), m));
+    for (int64_t i = 0; i < n; ++i) h[i] = lab[i] + fb[i] / e;
+    const T gd = T(-eps * log_sum_exp(h.data(), n));
+    T *fob = fo + b * (n + 1), *gob = go + b * (m + 1);
+    if (fob != fb) std::memcpy(fob, fb, sizeof(T) * n);
+    if (gob != gb) std::memcpy(gob, gb, sizeof(T) * m);
+    fob[n] = fd;
+    gob[m] = gd;
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -1271,6 +1293,10 @@ extern "C" {
                                     int64_t nb, int64_t n, int64_t m, double eps, double log_mass, T* fo,  \
                                     T* go, T* lo, T* so) {                                                 \
     partial_rebalance<T>(f, g, last, la, lb, nb, n, m, eps, log_mass, fo, go, lo, so);                     \
+  }                                                                                                        \
+  void srot_partial_dummies_##SUF(const T* f, const T* g, const T* la, const T* lb, int64_t nb, int64_t n, \
+                                  int64_t m, double eps, T* fo, T* go) {                                   \
+    partial_dummies<T>(f, g, la, lb, nb, n, m, eps, fo, go);                                               \
   }
 
 SROT_DEFINE_PARTIAL(float, f32)
@@ -1576,23 +1602,65 @@ template <typename T> void partial_problem(const LoopArgs& A, int64_t b, int nth
   finish(A, b, col, err, done, k);
 }
 
-// A cold solve of the batch (srot_fast/_loop.py, alternating without init, its torch reference; not partial OT): the
-// initial potentials at the first eps, at each eps of eps_list the averaged step and, accelerated and for all but
-// the last eps, the loose solve (loop_problem to scale_tol), then the first look's passes and the loop at the target
-// eps. Each stage runs problem by problem; between stages the batch's largest update counts decide the loose
-// solves' budgets and skips and the target loop's start, as in the reference. Writes f, g, s, t (zeros unless
-// need_t), col, err, done, n_iter (+= every update), updates (those of the target loop) and passes.
+// A cold solve of the batch (srot_fast/_loop.py, alternating without init, its torch reference): the initial
+// potentials at the first eps, at each eps of eps_list the averaged step and, accelerated and for all but the last
+// eps, the loose solve (loop_problem or partial_problem to scale_tol), then the loop at the target eps. Each stage
+// runs problem by problem; between stages the batch's largest update counts decide the loose solves' budgets and
+// skips and the target loop's start, as in the reference. Partial OT (A.last given): each soft-min is the real
+// pass followed by the dummy points' closed forms, and each loop starts with the dummy updates and the rebalancing
+// step. Writes f, g, s, t (need_t; else zeros), col, err, done, n_iter (+= every update), updates (those of the
+// target loop), last (partial OT) and passes.
 template <typename T> void solve(const LoopArgs& A) {
+  const bool partial = A.last != nullptr;
   const int64_t nb = A.nb, n = A.n, m = A.m, ne = A.n_eps, len = std::max(n, m);
+  const int64_t nr = partial ? n - 1 : n, mr = partial ? m - 1 : m;  // the real points
   const int p = int(A.p);
   const double target = A.eps_list[ne - 1];
   const auto most = [nb](const int64_t* c) { return nb == 0 ? int64_t(0) : *std::max_element(c, c + nb); };
+  // problem b's buffers: h, hf (len) scratch for the passes, real (len) the real part of a soft-min, x, y (len)
+  // soft-mins; last: partial OT's real row soft-min (A.last), else scratch
+  struct Work {
+    std::vector<T> h, hf, real, x, y;
+    T* last;
+  };
+  const auto work = [&](int64_t b) {
+    Work w{std::vector<T>(len), std::vector<T>(len), std::vector<T>(len), std::vector<T>(len), std::vector<T>(len),
+           nullptr};
+    w.last = partial ? static_cast<T*>(A.last) + b * nr : w.real.data();
+    return w;
+  };
+  // the row soft-min S_x(g) (n values, into out) and the column one S_y(f) (m values) at eps e, A_a / A_b not
+  // applied; partial OT: the real pass (the rows' into w.last) then the dummy points' closed forms
+  const auto rows = [&](const Slices<T>& sl, const T* g, double e, T* out, Work& w, int nt) {
+    if (!partial) return pass<T>(sl.sqx, sl.lb, g, sl.v, sl.u, n, m, p, e, w.h.data(), out, nt);
+    pass<T>(sl.sqx, sl.lb, g, sl.v, sl.u, nr, mr, p, e, w.h.data(), w.last, nt);
+    const T E = T(e);
+    for (int64_t j = 0; j < m; ++j) w.hf[j] = sl.lb[j] + g[j] / E;
+    partial_augment<T>(w.last, w.hf.data(), 1, nr, mr, e, out);
+  };
+  const auto cols = [&](const Slices<T>& sl, const T* f, double e, T* out, Work& w, int nt) {
+    if (!partial) return pass<T>(sl.sqy, sl.la, f, sl.u, sl.v, m, n, p, e, w.h.data(), out, nt);
+    pass<T>(sl.sqy, sl.la, f, sl.u, sl.v, mr, nr, p, e, w.h.data(), w.real.data(), nt);
+    const T E = T(e);
+    for (int64_t i = 0; i < n; ++i) w.hf[i] = sl.la[i] + f[i] / E;
+    partial_augment<T>(w.real.data(), w.hf.data(), 1, mr, nr, e, out);
+  };
+  // a loop's start at eps e (the reference's first look): the row soft-min s at g; partial OT: then the dummy
+  // points' exact updates and the rebalancing step
+  const auto start = [&](const Slices<T>& sl, double e, Work& w, int nt) {
+    rows(sl, sl.g, e, sl.s, w, nt);
+    if (!partial) return;
+    partial_dummies<T>(sl.f, sl.g, sl.la, sl.lb, 1, nr, mr, e, sl.f, sl.g);
+    partial_rebalance<T>(sl.f, sl.g, w.last, sl.la, sl.lb, 1, nr, mr, e, A.log_mass, sl.f, sl.g, w.last, sl.s);
+  };
+  const auto loop = partial ? partial_problem<T> : loop_problem<T>;
   const double e0 = A.eps_list[0];
   each(A, [&](int64_t b, int nt) {  // f = A_a(S_x(0)), g = A_b(S_y(0)) at the first eps
-    const auto sl = slices<T>(A, b, n, m);
-    std::vector<T> zero(len, T(0)), h(len);
-    pass<T>(sl.sqx, sl.lb, zero.data(), sl.v, sl.u, n, m, p, e0, h.data(), sl.f, nt);
-    pass<T>(sl.sqy, sl.la, zero.data(), sl.u, sl.v, m, n, p, e0, h.data(), sl.g, nt);
+    const auto sl = slices<T>(A, b, nr, mr);
+    Work w = work(b);
+    std::vector<T> zero(len, T(0));
+    rows(sl, zero.data(), e0, sl.f, w, nt);
+    cols(sl, zero.data(), e0, sl.g, w, nt);
     aprox<T>(A.kind_a, A.tau_a, e0, sl.f, n, sl.f);
     aprox<T>(A.kind_b, A.tau_b, e0, sl.g, m, sl.g);
   });
@@ -1603,15 +1671,15 @@ template <typename T> void solve(const LoopArgs& A) {
   for (int64_t k = 0; k < ne; ++k) {
     const double e = A.eps_list[k];
     each(A, [&](int64_t b, int nt) {  // the averaged step (stable while eps shrinks)
-      const auto sl = slices<T>(A, b, n, m);
-      std::vector<T> ft(n), gt(m), h(len);
-      pass<T>(sl.sqx, sl.lb, sl.g, sl.v, sl.u, n, m, p, e, h.data(), ft.data(), nt);
-      pass<T>(sl.sqy, sl.la, sl.f, sl.u, sl.v, m, n, p, e, h.data(), gt.data(), nt);
-      aprox<T>(A.kind_a, A.tau_a, e, ft.data(), n, ft.data());
-      aprox<T>(A.kind_b, A.tau_b, e, gt.data(), m, gt.data());
+      const auto sl = slices<T>(A, b, nr, mr);
+      Work w = work(b);
+      rows(sl, sl.g, e, w.x.data(), w, nt);  // ft
+      cols(sl, sl.f, e, w.y.data(), w, nt);  // gt
+      aprox<T>(A.kind_a, A.tau_a, e, w.x.data(), n, w.x.data());
+      aprox<T>(A.kind_b, A.tau_b, e, w.y.data(), m, w.y.data());
       const T half = T(0.5);
-      for (int64_t i = 0; i < n; ++i) sl.f[i] = half * (sl.f[i] + ft[i]);
-      for (int64_t j = 0; j < m; ++j) sl.g[j] = half * (sl.g[j] + gt[j]);
+      for (int64_t i = 0; i < n; ++i) sl.f[i] = half * (sl.f[i] + w.x[i]);
+      for (int64_t j = 0; j < m; ++j) sl.g[j] = half * (sl.g[j] + w.y[j]);
     });
     passes += 2;
     if (!A.accelerate || k == ne - 1) continue;
@@ -1630,28 +1698,29 @@ template <typename T> void solve(const LoopArgs& A) {
     L.n_iter = sub_iter.data();
     L.updates = sub_updates.data();
     each(A, [&](int64_t b, int nt) {
-      const auto sl = slices<T>(A, b, n, m);
-      std::vector<T> h(len);
-      pass<T>(sl.sqx, sl.lb, sl.g, sl.v, sl.u, n, m, p, e, h.data(), sl.s, nt);  // the first look reads the rows
+      const auto sl = slices<T>(A, b, nr, mr);
+      Work w = work(b);
+      start(sl, e, w, nt);
       sub_col[b] = sub_err[b] = 0.0;
       sub_done[b] = 0;
       sub_iter[b] = 0;
       anderson_reset(A, b);
-      loop_problem<T>(L, b, nt);
+      loop(L, b, nt);
     });
     last = most(sub_updates.data());
     passes += 1 + 2 * last;
     for (int64_t b = 0; b < nb; ++b) extra[b] += sub_updates[b];
   }
   const double e = A.eps;  // the target
-  each(A, [&](int64_t b, int nt) {  // the first look's passes: the rows and, need_t, the columns
-    const auto sl = slices<T>(A, b, n, m);
-    std::vector<T> h(len), ghat(m);
-    pass<T>(sl.sqx, sl.lb, sl.g, sl.v, sl.u, n, m, p, e, h.data(), sl.s, nt);
-    if (A.need_t) {
-      pass<T>(sl.sqy, sl.la, sl.f, sl.u, sl.v, m, n, p, e, h.data(), sl.t, nt);
-      if (A.kind_b != 0) aprox<T>(A.kind_b, A.tau_b, e, sl.t, m, ghat.data());
-      marginal_error<T>(sl.lb, sl.g, sl.t, A.kind_b == 0 ? nullptr : ghat.data(), 1, m, e, A.col + b);
+  const bool look_t = A.need_t && !partial;  // the first look reads the columns too (partial OT: its rows only)
+  each(A, [&](int64_t b, int nt) {
+    const auto sl = slices<T>(A, b, nr, mr);
+    Work w = work(b);
+    start(sl, e, w, nt);
+    if (look_t) {
+      cols(sl, sl.f, e, sl.t, w, nt);
+      if (A.kind_b != 0) aprox<T>(A.kind_b, A.tau_b, e, sl.t, m, w.x.data());
+      marginal_error<T>(sl.lb, sl.g, sl.t, A.kind_b == 0 ? nullptr : w.x.data(), 1, m, e, A.col + b);
       A.col[b] /= A.mass_b[b];
     } else {
       std::fill_n(sl.t, m, T(0));
@@ -1662,12 +1731,22 @@ template <typename T> void solve(const LoopArgs& A) {
     A.n_iter[b] += ne + extra[b];
     anderson_reset(A, b);
   });
-  passes += A.need_t ? 2 : 1;
+  passes += look_t ? 2 : 1;
   LoopArgs F = A;
   F.it0 = most(A.n_iter);
   F.steps = F.slot = 0;
-  each(A, [&](int64_t b, int nt) { loop_problem<T>(F, b, nt); });
-  *A.passes = passes + 2 * most(A.updates);
+  each(A, [&](int64_t b, int nt) { loop(F, b, nt); });
+  passes += 2 * most(A.updates);
+  if (partial && A.need_t && std::find(A.updates, A.updates + nb, 0) != A.updates + nb) {
+    each(A, [&](int64_t b, int nt) {  // the column soft-min where a problem took no update
+      if (A.updates[b] != 0) return;
+      const auto sl = slices<T>(A, b, nr, mr);
+      Work w = work(b);
+      cols(sl, sl.f, e, sl.t, w, nt);
+    });
+    passes += 1;
+  }
+  *A.passes = passes;
 }
 
 // The self-transport loop (srot_fast/_loop.py, symmetric, its torch reference) of one problem over the stored
