@@ -476,19 +476,26 @@ def partial_augment(real: torch.Tensor, h: torch.Tensor, eps: float) -> torch.Te
     return out
 
 
+def _partial_operands(fn: str, f, g, log_a, log_b):
+    """(dtype, B, N + 1, M + 1, f, g, log_a, log_b) for a compiled step of partial OT: f, log_a (B, N + 1) and g,
+    log_b (B, M + 1) with their dummy points, contiguous, one float32 / float64 dtype; else a ValueError."""
+    dtype, (nb, n1), m1 = f.dtype, f.shape, g.shape[-1]
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"{fn}: float32 / float64 potentials expected, got {dtype}")
+    if n1 < 1 or m1 < 1:
+        raise ValueError(f"{fn}: f (B, N + 1) and g (B, M + 1) with their dummy points expected, got "
+                         f"{tuple(f.shape)} and {tuple(g.shape)}")
+    f, log_a = (_state(name, t.contiguous(), dtype, (nb, n1)) for name, t in (("f", f), ("log_a", log_a)))
+    g, log_b = (_state(name, t.contiguous(), dtype, (nb, m1)) for name, t in (("g", g), ("log_b", log_b)))
+    return dtype, nb, n1, m1, f, g, log_a, log_b
+
+
 def partial_dummies(f: torch.Tensor, g: torch.Tensor, log_a: torch.Tensor, log_b: torch.Tensor, eps: float):
     """(f, g) with the dummy points' exact updates of partial OT's rebalancing step (``dummies``,
     :meth:`srot_fast.geometry.PartialGeometry.rebalance`, its torch reference) in one call of the compiled library,
     the sums in float64 rounded to the dtype: f, log_a (B, N + 1) and g, log_b (B, M + 1) CPU tensors of one float32
     / float64 dtype; returns new tensors. Call only when :func:`available`."""
-    dtype, (nb, n1), m1 = f.dtype, f.shape, g.shape[-1]
-    if dtype not in (torch.float32, torch.float64):
-        raise ValueError(f"partial_dummies: float32 / float64 potentials expected, got {dtype}")
-    if n1 < 1 or m1 < 1:
-        raise ValueError(f"partial_dummies: f (B, N + 1) and g (B, M + 1) with their dummy points expected, got "
-                         f"{tuple(f.shape)} and {tuple(g.shape)}")
-    f, log_a = (_state(name, t.contiguous(), dtype, (nb, n1)) for name, t in (("f", f), ("log_a", log_a)))
-    g, log_b = (_state(name, t.contiguous(), dtype, (nb, m1)) for name, t in (("g", g), ("log_b", log_b)))
+    dtype, nb, n1, m1, f, g, log_a, log_b = _partial_operands("partial_dummies", f, g, log_a, log_b)
     f_out, g_out = torch.empty_like(f), torch.empty_like(g)
     (_load().srot_partial_dummies_f32 if dtype == torch.float32 else _load().srot_partial_dummies_f64)(
         _ptr(f), _ptr(g), _ptr(log_a), _ptr(log_b), nb, n1 - 1, m1 - 1, float(eps), _ptr(f_out), _ptr(g_out))
@@ -502,14 +509,7 @@ def partial_rebalance(f: torch.Tensor, g: torch.Tensor, last: torch.Tensor, log_
     arithmetic rounded to the dtype. f, log_a (B, N + 1), g, log_b (B, M + 1), last (B, N) -- the real part of the
     last row soft-min -- CPU tensors of one float32 / float64 dtype; returns new f, g, last and the row soft-min s
     (B, N + 1) at the new g. Call only when :func:`available`."""
-    dtype, (nb, n1), m1 = f.dtype, f.shape, g.shape[-1]
-    if dtype not in (torch.float32, torch.float64):
-        raise ValueError(f"partial_rebalance: float32 / float64 potentials expected, got {dtype}")
-    if n1 < 1 or m1 < 1:
-        raise ValueError(f"partial_rebalance: f (B, N + 1) and g (B, M + 1) with their dummy points expected, got "
-                         f"{tuple(f.shape)} and {tuple(g.shape)}")
-    f, log_a = (_state(name, t.contiguous(), dtype, (nb, n1)) for name, t in (("f", f), ("log_a", log_a)))
-    g, log_b = (_state(name, t.contiguous(), dtype, (nb, m1)) for name, t in (("g", g), ("log_b", log_b)))
+    dtype, nb, n1, m1, f, g, log_a, log_b = _partial_operands("partial_rebalance", f, g, log_a, log_b)
     last = _state("last", last.contiguous(), dtype, (nb, n1 - 1))
     f_out, g_out, last_out, s_out = (torch.empty_like(t) for t in (f, g, last, f))
     (_load().srot_partial_rebalance_f32 if dtype == torch.float32 else _load().srot_partial_rebalance_f64)(
