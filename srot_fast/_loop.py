@@ -352,7 +352,7 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     n_iter = torch.full((batch,), n_done, dtype=torch.int64, device=f.device)
     if init is None and tol is not None:
         n_iter += extra
-    t = None
+    t = err = None
     mass_b = psum(log_b.double().exp())
     resumed = col is not None  # a compacted batch goes on: its first look was the last look of the batch before
     if col is None and need_t and rebalance is None:  # the first look reads the columns of (f, g) too: one pass,
@@ -374,7 +374,8 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     while True:  # ``steps``: updates at the target eps, carried over by _compact (the value test's windows)
         f_hat = pen_a.aprox(s, eps)
         row = marginal_error(log_a, f, s, f_hat, eps, psum, native) / mass_a
-        err = row + col
+        # a finished problem keeps the error it stopped at (without need_t its first look read no columns)
+        err = row + col if err is None else torch.where(done, err, row + col)
         read = vtest.due(steps)  # the value test and, where by_value, Anderson's safeguard use D
         value = (dual_value(log_a, log_b, f_hat, g, s, pen_a, pen_b, eps, psum, native) if read or stepper.by_value
                  else None)
@@ -483,8 +484,9 @@ def _compiled_loop(geom, log_a, log_b, pen_a, pen_b, eps, tol, enter_tol, value_
     done or the cap), where the geometry (``partial``: the real one of a PartialGeometry) keeps its squared
     distances and every operand shares a float32 / float64 dtype; None elsewhere (the torch loop runs). A batch
     is not compacted: each problem stops on its own. Counts passes and looks as the torch loop does without
-    compaction: two passes an update, one look more than the updates of the problem that ran the most (and one
-    pass for t where a problem took no update and t is due)."""
+    compaction: two passes an update, one look more than the updates of the problem that ran the most, and one
+    pass for t where a problem took no update and t is due (the torch loop spends it only where no problem of the
+    batch updated: its updates computed t for all)."""
     real = geom.real if partial else geom
     operands = _stored_operands(real, True, log_a, log_b, f, g, s)
     if operands is None:
