@@ -592,8 +592,9 @@ def alternating_loop(sq_x, sq_y, log_a, log_b, u, v, mass_a, mass_b, state: dict
     :func:`srot_fast._loop.alternating` without ``init`` -- as (eps_list, scale_tol, scale_cap, scale_enter,
     scale_near, need_t, passes): the fitted schedule ending at ``eps``, the loose solves' settings, whether the
     first look at the target reads the columns, and a (1,) int64 tensor that receives the passes run; the state's
-    f, g, s, t, col, err, done are then outputs, n_iter gets every update added, the Anderson state is reset
-    before each loop and ``it0``, ``steps`` are not read. Call only when :func:`available`."""
+    f, g, s, t, col, err, done are then outputs, n_iter gets every update added (eps-scaling's included), the
+    returned updates are those of the loop at ``eps``, the Anderson state is reset before each loop and ``it0``,
+    ``steps`` are not read. Call only when :func:`available`."""
     dtype, (nb, n, m) = sq_x.dtype, sq_x.shape
     nr, mr = n, m  # the real points
     if last is not None:
@@ -669,7 +670,8 @@ def symmetric_loop(sq, log_a, u, v, mass_a, state: dict, p: int, kind: str, tau:
     of sq's float32 / float64 dtype; mass_a (B,) float64. ``state``: f, s (B, N), err (B,) float64, done (B,)
     bool, n_iter (B,) int64, updated in place (s: the soft-min at the final f). Returns the (B,) int64 updates
     each problem ran. ``eps_list``: a cold solve, eps-scaling first (the fitted schedule ending at ``eps``; f is
-    then an output). Call only when :func:`available`."""
+    then an output; its len(eps_list) - 1 averaged steps count as updates only through ``it0`` and the given
+    ``n_iter``, which the caller sets to that number). Call only when :func:`available`."""
     dtype, (nb, n, _) = sq.dtype, sq.shape
     if dtype not in (torch.float64, torch.float32):
         raise ValueError(f"symmetric_loop: float32 / float64 operands expected, got {dtype}")

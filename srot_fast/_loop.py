@@ -485,8 +485,8 @@ def _compiled_loop(geom, log_a, log_b, pen_a, pen_b, eps, tol, enter_tol, value_
     distances and every operand shares a float32 / float64 dtype; None elsewhere (the torch loop runs). A batch
     is not compacted: each problem stops on its own. Counts passes and looks as the torch loop does without
     compaction: two passes an update, one look more than the updates of the problem that ran the most, and one
-    pass for t where a problem took no update and t is due (the torch loop spends it only where no problem of the
-    batch updated: its updates computed t for all)."""
+    pass for t where no problem took an update and t is due (where only some did, the t of the others is computed
+    here but counts as the torch loop counts it: part of the column passes of its updates)."""
     real = geom.real if partial else geom
     operands = _stored_operands(real, True, log_a, log_b, f, g, s)
     if operands is None:
@@ -510,7 +510,7 @@ def _compiled_loop(geom, log_a, log_b, pen_a, pen_b, eps, tol, enter_tol, value_
     t = state["t"] if need_t else None
     if need_t and t_none and bool((updates == 0).any()):  # the column soft-min where a problem took no update
         t = torch.where((updates == 0)[:, None], geom.softmin_y(log_a + state["f"] / eps, eps), t)
-        passes += 1
+        passes += int(most == 0)  # (where others updated, the torch loop's column passes computed it: no pass more)
     return Solution(state["f"], state["g"], state["s"], t, state["n_iter"], state["err"], passes + 2 * most,
                     most + 1, state["done"])
 

@@ -477,8 +477,6 @@ def test_compiled_loop_equals_the_torch_loop(dtype, problem, offsets, monkeypatc
             runs.append(res)
         torch_res, compiled_res = runs
         assert torch.equal(torch.as_tensor(compiled_res.n_iter), torch.as_tensor(torch_res.n_iter)), opts
-        # (equal here; a partial OT batch where some problems take no update at the target eps and others do costs
-        # the compiled loop one column pass more, see _loop._compiled_loop)
         assert compiled_res.passes == torch_res.passes, opts
         for name in ("f", "g", "value", "marginal_error"):
             torch.testing.assert_close(getattr(compiled_res, name), getattr(torch_res, name), **tol)
@@ -518,6 +516,29 @@ def test_compiled_loop_without_columns_equals_the_torch_loop(monkeypatch):
     for name in ("f", "g", "s", "marginal_error"):
         torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=1e-12, atol=1e-12)
     assert got.t is None
+
+
+@_COMPILED
+def test_compiled_partial_batch_counts_passes_as_the_torch_loop(monkeypatch):
+    """A partial OT batch where one problem takes no update at the target eps and the other does: the compiled
+    solve computes the first one's column soft-min apart but counts the passes as the torch loop, whose column
+    passes computed it for both."""
+    from srot_fast import _loop
+
+    gen = torch.Generator().manual_seed(16)
+    x = torch.randn(2, 46, 2, generator=gen, dtype=F64)
+    y = 0.7 * torch.randn(2, 58, 2, generator=gen, dtype=F64) + 0.5
+    a, b = torch.rand(2, 46, generator=gen, dtype=F64), torch.rand(2, 58, generator=gen, dtype=F64)
+    a, b = a / a.sum(-1, keepdim=True), b / b.sum(-1, keepdim=True)
+    runs = []
+    for compiled in (False, True):
+        monkeypatch.setattr(_loop, "COMPILED_LOOP", compiled)
+        runs.append(sinkhorn(x, y, a, b, p=2, eps=0.5, mass=0.05, tol=1e-2, backend="cpu"))
+    want, got = runs
+    assert torch.equal(got.n_iter, want.n_iter) and len(set(want.n_iter.tolist())) > 1
+    assert got.passes == want.passes
+    for name in ("f", "g", "value", "row_mass", "col_mass"):
+        torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=1e-12, atol=1e-12)
 
 
 @_COMPILED

@@ -1608,8 +1608,10 @@ template <typename T> void partial_problem(const LoopArgs& A, int64_t b, int nth
 // runs problem by problem; between stages the batch's largest update counts decide the loose solves' budgets and
 // skips and the target loop's start, as in the reference. Partial OT (A.last given): each soft-min is the real
 // pass followed by the dummy points' closed forms, and each loop starts with the dummy updates and the rebalancing
-// step. Writes f, g, s, t (need_t; else zeros), col, err, done, n_iter (+= every update), updates (those of the
-// target loop), last (partial OT) and passes.
+// step. Writes f, g, s, t (the column soft-min at the final f; where a problem took no update and need_t is off,
+// zeros), col, err, done, n_iter (+= every update), updates (those of the target loop), last (partial OT) and
+// passes (those of a batch: a t computed for the problems that took no update, partial OT, counts only where no
+// problem updated, as in the reference, whose column passes computed it for every problem).
 template <typename T> void solve(const LoopArgs& A) {
   const bool partial = A.last != nullptr;
   const int64_t nb = A.nb, n = A.n, m = A.m, ne = A.n_eps, len = std::max(n, m);
@@ -1744,7 +1746,7 @@ template <typename T> void solve(const LoopArgs& A) {
       Work w = work(b);
       cols(sl, sl.f, e, sl.t, w, nt);
     });
-    passes += 1;
+    if (most(A.updates) == 0) passes += 1;
   }
   *A.passes = passes;
 }
