@@ -46,13 +46,6 @@ class Plain:
     by_value = False
     proposes = False  # g is always T(g) (or frozen): the column marginal is exact
 
-    def allocate(self, g: torch.Tensor) -> None:
-        """The history's ring buffers for (B, M) potentials like ``g`` (zeros), where not allocated yet."""
-        if self.images is None:
-            self.images = g.new_zeros((g.shape[0], self.depth + 1, g.shape[1]), dtype=torch.float64)
-            self.resid = torch.zeros_like(self.images)
-            self.inner = g.new_zeros((g.shape[0], self.depth + 1, self.depth + 1), dtype=torch.float64)
-
     def step(self, g, g_hat, err, done, value=None):
         return torch.where(done[:, None], g, g_hat)
 

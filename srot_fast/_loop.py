@@ -281,12 +281,13 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     passes = 0
     psum = _point_sum(geom)
     native = _native(geom)
-    mass_a = psum(log_a.double().exp())
-    if (init is None and tol is not None and max_iter > 0 and COMPILED_LOOP and native and check_every in (None, 1)
-            and stepper is None and vtest is None and col is None
+    mass_a, mass_b = psum(log_a.double().exp()), psum(log_b.double().exp())
+    fresh = stepper is None and vtest is None and col is None  # a loop that starts here (not a compacted batch)
+    compiled = COMPILED_LOOP and native and fresh and check_every in (None, 1)  # (where the operands allow it)
+    if (compiled and init is None and tol is not None and max_iter > 0
             and (accelerate or getattr(geom, "real", None) is None)):  # (partial OT's plain updates: torch)
         sol = _compiled_solve(geom, log_a, log_b, pen_a, pen_b, eps_list, tol, max_iter, accelerate, value_tol,
-                              enter_tol, need_t, mass_a)
+                              enter_tol, need_t, mass_a, mass_b)
         if sol is not None:
             return sol
     if init is not None:
@@ -331,7 +332,7 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         # finite value, a lower bound), the columns tell how far it is, and it is never a solution
         f = pen_a.aprox(s, eps)
         t = geom.softmin_y(log_a + f / eps, eps)
-        err = marginal_error(log_b, g, t, pen_b.aprox(t, eps), eps, psum) / psum(log_b.double().exp())
+        err = marginal_error(log_b, g, t, pen_b.aprox(t, eps), eps, psum) / mass_b
         n_iter = torch.zeros(batch, dtype=torch.int64, device=f.device)
         return Solution(f, g, s, t, n_iter, err, passes + 1, 0, torch.zeros_like(err, dtype=torch.bool))
     if tol is None:  # GeomLoss's last extrapolation: both potentials from the previous pair
@@ -343,7 +344,6 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         n_iter = torch.full((batch,), n_done + 1, dtype=torch.int64, device=f.device)
         return Solution(f, g, s, t, n_iter, err, passes, 0, torch.ones_like(err, dtype=torch.bool))
 
-    fresh = stepper is None and vtest is None and col is None  # a loop that starts here (not a compacted batch)
     if stepper is None:
         stepper = _stepper(geom, log_b, pen_a, pen_b, f, accelerate, native)
     vtest = _ValueTest(value_tol) if vtest is None else vtest
@@ -353,7 +353,6 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
     if init is None and tol is not None:
         n_iter += extra
     t = err = None
-    mass_b = psum(log_b.double().exp())
     resumed = col is not None  # a compacted batch goes on: its first look was the last look of the batch before
     if col is None and need_t and rebalance is None:  # the first look reads the columns of (f, g) too: one pass,
         # which serves as the final t where the solve stops there (a start, warm or after eps-scaling, is no update)
@@ -364,7 +363,7 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         col = torch.zeros_like(mass_a)
     it = it0 = int(n_iter.max())
     partial = getattr(geom, "real", None) is not None  # (plain updates of partial OT: no rebalancing step)
-    if (COMPILED_LOOP and native and fresh and check_every in (None, 1)
+    if (compiled
             and (not partial or (rebalance is not None and pen_a.balanced and pen_b.balanced))):  # the loop, compiled
         sol = _compiled_loop(geom, log_a, log_b, pen_a, pen_b, eps, tol, enter_tol, vtest.tol, max_iter, it0,
                              steps, stepper, translate, f, g, s, t, col, n_iter, mass_a, mass_b, passes, need_t,
@@ -516,7 +515,7 @@ def _compiled_loop(geom, log_a, log_b, pen_a, pen_b, eps, tol, enter_tol, value_
 
 
 def _compiled_solve(geom, log_a, log_b, pen_a, pen_b, eps_list, tol, max_iter, accelerate, value_tol, enter_tol,
-                    need_t, mass_a) -> Optional[Solution]:
+                    need_t, mass_a, mass_b) -> Optional[Solution]:
     """:func:`alternating` without ``init`` -- eps-scaling with its loose solves, then the loop at the target eps -- as
     one call of the compiled library (``cpu_ops.alternating_loop`` with ``scaling``: the same arithmetic, stage by
     stage, each problem on its own within a stage), where the geometry (partial OT: the real one, accelerated
@@ -538,7 +537,7 @@ def _compiled_solve(geom, log_a, log_b, pen_a, pen_b, eps_list, tol, max_iter, a
     last = torch.empty_like(f[:, :-1]) if partial else None  # the real row soft-min, as the rebalancing step reads it
     translate = accelerate and not partial and "kl" in (pen_a.kind, pen_b.kind)  # as the loop's
     updates = _cpu_ops().alternating_loop(
-        sq[0], sq[1], log_a, log_b, u, v, mass_a.contiguous(), log_b.double().exp().sum(-1), state,
+        sq[0], sq[1], log_a, log_b, u, v, mass_a.contiguous(), mass_b.contiguous(), state,
         _anderson_state(_stepper(geom, log_b, pen_a, pen_b, f, accelerate, True), g), real.p, pen_a.kind, pen_a.tau,
         pen_b.kind, pen_b.tau, eps_list[-1], tol, enter_tol, value_tol, VALUE_SPAN, WINDOW, 0, 0, max_iter,
         translate, last, geom.mass if partial else 1.0,
@@ -628,6 +627,7 @@ def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optiona
     psum = _point_sum(geom)
     native = _native(geom)
     mass_a = psum(log_a.double().exp())
+    compiled = COMPILED_LOOP and native and check_every in (None, 1)  # (where the operands allow it)
     passes = 0
     if init is not None:
         eps_list = eps_list[-1:]
@@ -635,7 +635,7 @@ def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optiona
     else:
         if tol is not None:
             eps_list = fit_schedule(eps_list, max(max_iter, 1))
-            if COMPILED_LOOP and native and check_every in (None, 1):  # the whole solve, compiled
+            if compiled:  # the whole solve, compiled
                 n_done = len(eps_list) - 1
                 sol = _compiled_symmetric(geom, log_a, pen, eps_list[-1], tol, value_tol, max_iter, n_done, None,
                                           torch.full((batch,), n_done, dtype=torch.int64), mass_a, len(eps_list),
@@ -662,7 +662,7 @@ def symmetric(geom, log_a, pen: Penalty, eps_list: Sequence[float], tol: Optiona
     n_iter = torch.full((batch,), n_done, dtype=torch.int64, device=f.device)
     vtest = _ValueTest(value_tol)
     it = n_done
-    if COMPILED_LOOP and native and check_every in (None, 1):  # the loop below, compiled
+    if compiled:  # the loop below, compiled
         sol = _compiled_symmetric(geom, log_a, pen, eps, tol, value_tol, max_iter, n_done, f, n_iter, mass_a, passes)
         if sol is not None:
             return sol
