@@ -62,11 +62,16 @@ def check_weights(w: Optional[torch.Tensor], like: torch.Tensor, name: str) -> t
         raise ValueError(f"{name} must have shape {tuple(shape)} (one weight per point), got {tuple(w.shape)}")
     if w.dtype != like.dtype and not (like.dtype in _HALF_DTYPES and w.dtype == torch.float32):
         raise TypeError(f"{name} must have dtype {like.dtype} like the points, got {w.dtype}")
+    # one host sync when the weights are fine (NaN fails every comparison); else the checks below name the fault
+    total = w.detach().double().sum(-1)
+    if total.numel():
+        least, low, high = torch.stack([w.detach().min().double(), total.min(), total.max()]).tolist()
+        if least >= 0 and low > 0 and high <= _MAX_MASS:
+            return w
     if not torch.isfinite(w).all():
         raise ValueError(f"{name} contains NaN or inf")
     if (w < 0).any():
         raise ValueError(f"{name} has negative weights")
-    total = w.detach().double().sum(-1)
     if not (total > 0).all():
         raise ValueError(f"{name} has zero total mass (all weights are zero)")
     if total.numel() and (not torch.isfinite(total).all() or float(total.max()) > _MAX_MASS):

@@ -279,7 +279,7 @@ class SROTLoss(nn.Module):
         return _solve(x, y, a, b, p=self.p, eps=self.eps, penalty=self.penalty, tau=self.tau, mass=self.mass,
                       u=u, v=v, scaling=self.scaling, diameter=diam, tol=self.tol, max_iter=self.max_iter,
                       backend=self._backend(x), init=init, self_transport=self_transport, value_tol=self.value_tol,
-                      precision=self.precision, autotune=self.autotune)
+                      precision=self.precision, autotune=self.autotune, checked=True)
 
     def _batch(self, a, x, b, y, s_x, s_y, batched: bool):
         """Values (B,) (or potentials) of B problems (x (B, N, D), ...), solved as one batch; with

@@ -45,10 +45,10 @@ def _dual_value(a, b, f, g, s, t, pen_a: Penalty, pen_b: Penalty, eps: float):
     ratio_b = torch.exp((g - t) / eps)
     mass_a, mass_b = a.sum(-1, keepdim=True), b.sum(-1, keepdim=True)
     plan_mass = (b * ratio_b).sum(-1)
-    value = ((a * pen_a.phi(f)).sum(-1) + (b * pen_b.phi(g)).sum(-1)
-             - eps * (plan_mass - (mass_a * mass_b)[:, 0]))
-    ga = pen_a.phi(f) - eps * (ratio_a - mass_b)
-    gb = pen_b.phi(g) - eps * (ratio_b - mass_a)
+    phi_f, phi_g = pen_a.phi(f), pen_b.phi(g)
+    value = (a * phi_f).sum(-1) + (b * phi_g).sum(-1) - eps * (plan_mass - (mass_a * mass_b)[:, 0])
+    ga = phi_f - eps * (ratio_a - mass_b)
+    gb = phi_g - eps * (ratio_b - mass_a)
     return value, ga, gb
 
 
@@ -107,16 +107,19 @@ class _Inputs:
 
 
 def _check_inputs(x, y, a, b, u, v, *, p, eps, backend, precision, autotune, scaling, tol, value_tol, max_iter,
-                  check_every, accelerate, penalty, tau, mass, self_transport) -> _Inputs:
+                  check_every, accelerate, penalty, tau, mass, self_transport, checked=False) -> _Inputs:
     """Every check of :func:`sinkhorn`'s arguments but the scalars p and eps (already checked; they help
-    ``backend="auto"`` choose), in the order the errors show; unbatched inputs get a leading batch dimension of 1."""
+    ``backend="auto"`` choose), in the order the errors show; unbatched inputs get a leading batch dimension of 1.
+    ``checked=True``: the caller has passed x, y, a, b (tensors) through check_points, check_pair and
+    check_weights already (SROTLoss, whose three solves share them), and those checks are skipped."""
     batched = torch.is_tensor(x) and x.dim() == 3
-    x = _checks.check_points(x, "x", batched=True)
-    y = _checks.check_points(y, "y", batched=True)
-    _checks.check_pair(x, y)
+    if not checked:
+        x = _checks.check_points(x, "x", batched=True)
+        y = _checks.check_points(y, "y", batched=True)
+        _checks.check_pair(x, y)
+        a = _checks.check_weights(a, x, "a")
+        b = _checks.check_weights(b, y, "b")
     in_dtype = x.dtype
-    a = _checks.check_weights(a, x, "a")
-    b = _checks.check_weights(b, y, "b")
     u = _checks.check_offsets(u, x, "u")
     v = _checks.check_offsets(v, y, "v")
     name = resolve_backend(backend, x.shape[-2], y.shape[-2], x.device, points=(x, y), eps=eps, p=p)
@@ -168,7 +171,8 @@ def _check_balance(mass_a, mass_b, in_dtype) -> None:
 
 
 def _check_solution(sol: _loop.Solution, inp: _Inputs, eps: float) -> None:
-    if not (torch.isfinite(sol.f).all() and torch.isfinite(sol.g).all() and torch.isfinite(sol.marginal_error).all()):
+    finite = torch.isfinite(sol.f).all() & torch.isfinite(sol.g).all() & torch.isfinite(sol.marginal_error).all()
+    if not bool(finite):  # one host sync
         raise FloatingPointError(
             "Sinkhorn produced non-finite potentials; eps may be too small for this dtype "
             "(try float64 or a larger blur)")
@@ -267,9 +271,8 @@ def _result(geom: Geometry, inp: _Inputs, fit: _Fit, value: torch.Tensor, eps: f
         n_iter=sol.n_iter if inp.batched else int(sol.n_iter[0]),
         marginal_error=sol.marginal_error if inp.batched else float(sol.marginal_error[0]),
         converged=sol.converged if inp.batched else bool(sol.converged[0]),
-        row_mass=one(_checks.masses(a, fit.f, fit.s, eps)), col_mass=one(_checks.masses(b, fit.g, fit.t, eps)),
-        eps=eps, p=p, backend=inp.backend, passes=fit.passes, syncs=sol.syncs, _geom=geom, _a=a, _b=b,
-        _batched=inp.batched)
+        eps=eps, p=p, backend=inp.backend, passes=fit.passes, syncs=sol.syncs, _geom=geom, _a=a, _b=b, _s=fit.s,
+        _t=fit.t, _batched=inp.batched)
 
 
 def _empty(inp: _Inputs, geom: Geometry, eps: float, p: int) -> SinkhornResult:
@@ -279,9 +282,8 @@ def _empty(inp: _Inputs, geom: Geometry, eps: float, p: int) -> SinkhornResult:
     zn, zm = a.new_zeros(0, x.shape[1]), b.new_zeros(0, y.shape[1])
     return SinkhornResult(f=zn, g=zm, value=z.to(inp.in_dtype), n_iter=torch.zeros(0, dtype=torch.int64),
                           marginal_error=x.new_zeros(0, dtype=torch.float64),
-                          converged=torch.zeros(0, dtype=torch.bool), row_mass=zn, col_mass=zm, eps=eps,
-                          p=p, backend=inp.backend, passes=0, syncs=0, _geom=geom, _a=a.detach(), _b=b.detach(),
-                          _batched=True)
+                          converged=torch.zeros(0, dtype=torch.bool), eps=eps, p=p, backend=inp.backend,
+                          passes=0, syncs=0, _geom=geom, _a=a.detach(), _b=b.detach(), _s=zn, _t=zm, _batched=True)
 
 
 def sinkhorn(
@@ -379,12 +381,14 @@ def sinkhorn(
 
 def _solve(x, y, a=None, b=None, *, p, eps, penalty="balanced", tau=None, mass=None, u=None, v=None,
            scaling=0.5, diameter=None, tol=1e-4, max_iter=1000, backend="auto", init=None, accelerate=True,
-           check_every=None, self_transport=False, value_tol=None, precision=None, autotune=None) -> SinkhornResult:
+           check_every=None, self_transport=False, value_tol=None, precision=None, autotune=None,
+           checked=False) -> SinkhornResult:
     """:func:`sinkhorn` after its scalar checks; ``self_transport=True`` (x is y, a is b, u is v) takes the
-    symmetric loop. ``diameter`` may be 0 here (identical clouds)."""
+    symmetric loop. ``diameter`` may be 0 here (identical clouds). ``checked``: see :func:`_check_inputs`."""
     inp = _check_inputs(x, y, a, b, u, v, p=p, eps=eps, backend=backend, precision=precision, autotune=autotune,
                         scaling=scaling, tol=tol, value_tol=value_tol, max_iter=max_iter, check_every=check_every,
-                        accelerate=accelerate, penalty=penalty, tau=tau, mass=mass, self_transport=self_transport)
+                        accelerate=accelerate, penalty=penalty, tau=tau, mass=mass, self_transport=self_transport,
+                        checked=checked)
     u, v = (None if t is None else t.detach() for t in (inp.u, inp.v))
     geom = Geometry(get_ops(inp.backend), inp.x.detach(), inp.y.detach(), p, u, v, inp.options)
     if inp.x.shape[0] == 0:  # an empty batch: empty results, still connected to the inputs
