@@ -31,20 +31,20 @@ def bbox_diameter(x: torch.Tensor, y: torch.Tensor, a: Optional[torch.Tensor] = 
     """Diagonal length of the bounding box of both point clouds (GeomLoss's default), in data units,
     computed in float64. With weights a, b, only points of positive weight count (padding is neutral);
     for a batch (B, N, D), the largest diagonal over the problems."""
-    def ends(pts, w):
-        pts = pts.double().reshape(-1, pts.shape[-2], pts.shape[-1])
-        if w is None:
-            return pts.amax(-2), pts.amin(-2)
-        keep = (w.reshape(pts.shape[:-1]) > 0)[..., None]
-        inf = torch.tensor(float("inf"), dtype=torch.float64, device=pts.device)
-        return torch.where(keep, pts, -inf).amax(-2), torch.where(keep, pts, inf).amin(-2)
-
     if x.numel() == 0 or y.numel() == 0:
         return 0.0
-    hx, lx = ends(x, a)
-    hy, ly = ends(y, b)
-    diag = (torch.maximum(hx, hy) - torch.minimum(lx, ly)).norm(dim=-1)
-    return float(diag.max())
+    shape = (-1,) + tuple(x.shape[-2:]), (-1,) + tuple(y.shape[-2:])
+    pts = torch.cat([x.reshape(shape[0]), y.reshape(shape[1])], -2).double()  # (B, N + M, D)
+    if a is not None or b is not None:
+        keep = [torch.ones(pts.shape[0], t.shape[-2], dtype=torch.bool, device=pts.device) if w is None
+                else (w > 0).reshape(pts.shape[0], -1) for t, w in ((x, a), (y, b))]
+        keep = torch.cat(keep, -1)
+        if not bool(keep.all()):
+            keep = keep[..., None]
+            high, low = torch.where(keep, pts, -math.inf).amax(-2), torch.where(keep, pts, math.inf).amin(-2)
+            return float((high - low).norm(dim=-1).max())
+    low, high = torch.aminmax(pts, dim=-2)
+    return float((high - low).norm(dim=-1).max())
 
 
 class Geometry:

@@ -4,10 +4,12 @@ solve's :class:`srot_fast.geometry.Geometry`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Union
 
 import torch
 
+from . import _checks
 from .geometry import Geometry
 from .kernels.tensorized import cost_matrix
 
@@ -28,8 +30,8 @@ class SinkhornResult:
             ``tol=None`` the rows alone); a float, or (B,) for a batch.
         converged: whether the solve met ``tol`` or ``value_tol`` (always True with ``tol=None``); a bool,
             or (B,) for a batch.
-        row_mass (N,): mass transported from each source point, pi 1.
-        col_mass (M,): mass transported to each target point, pi^T 1.
+        row_mass (N,): mass transported from each source point, pi 1 (computed when first read).
+        col_mass (M,): mass transported to each target point, pi^T 1 (computed when first read).
         eps, p, backend: the entropic regularisation (cost units), cost exponent and backend used.
         passes: soft-min kernel passes launched (each covers the whole batch); syncs: host
             synchronisations spent on the stopping test.
@@ -41,8 +43,6 @@ class SinkhornResult:
     n_iter: Union[int, torch.Tensor]
     marginal_error: Union[float, torch.Tensor]
     converged: Union[bool, torch.Tensor]
-    row_mass: torch.Tensor
-    col_mass: torch.Tensor
     eps: float
     p: int
     backend: str
@@ -51,7 +51,17 @@ class SinkhornResult:
     _geom: Geometry
     _a: torch.Tensor
     _b: torch.Tensor
+    _s: torch.Tensor  # (B, N) row soft-mins at the final g: pi 1 = a exp((f - s) / eps)
+    _t: torch.Tensor  # (B, M) column soft-mins at the final f
     _batched: bool
+
+    @cached_property
+    def row_mass(self) -> torch.Tensor:
+        return self._out(_checks.masses(self._a, self._f.detach(), self._s, self.eps))
+
+    @cached_property
+    def col_mass(self) -> torch.Tensor:
+        return self._out(_checks.masses(self._b, self._g.detach(), self._t, self.eps))
 
     @property
     def transported_mass(self):
