@@ -5,6 +5,7 @@ built with ``create_graph=True`` refuses to be differentiated again (:func:`firs
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -31,16 +32,17 @@ class _NoSecondOrder(torch.autograd.Function):
 
 @dataclass
 class Saved:
-    """What the envelope backward needs (batched, detached). Shapes for B problems."""
+    """What the envelope backward needs (batched, detached). Shapes for B problems. A field may be None where
+    no input that reads it takes a gradient (grad_row, hx: x and u; grad_col, hy: y and v; ga: a; gb: b)."""
 
     geom: Geometry  # the points and the backend's primitives (with their options), or a sharded geometry
     eps: float
-    grad_row: torch.Tensor  # (B, N) pi 1 after an exact update of f for the final g
-    grad_col: torch.Tensor  # (B, M) pi^T 1 after an exact update of g for the final f
-    ga: torch.Tensor        # (B, N) d value / d a
-    gb: torch.Tensor        # (B, M) d value / d b
-    hx: torch.Tensor        # (B, M) column log-weights of the plan's row softmax
-    hy: torch.Tensor        # (B, N) row log-weights of the plan's column softmax
+    grad_row: Optional[torch.Tensor]  # (B, N) pi 1 after an exact update of f for the final g
+    grad_col: Optional[torch.Tensor]  # (B, M) pi^T 1 after an exact update of g for the final f
+    ga: Optional[torch.Tensor]        # (B, N) d value / d a
+    gb: Optional[torch.Tensor]        # (B, M) d value / d b
+    hx: Optional[torch.Tensor]        # (B, M) column log-weights of the plan's row softmax
+    hy: Optional[torch.Tensor]        # (B, N) row log-weights of the plan's column softmax
 
 
 class EnvelopeValue(torch.autograd.Function):

@@ -39,15 +39,17 @@ class ConvergenceWarning(UserWarning):
 
 
 # ------------------------------------------------------------------------------------------- values
-def _dual_value(a, b, f, g, s, t, pen_a: Penalty, pen_b: Penalty, eps: float):
-    """(B,) dual objectives and their partial derivatives (B, N), (B, M) w.r.t. a and b at fixed potentials."""
-    ratio_a = torch.exp((f - s) / eps)  # (pi 1)_i / a_i
-    ratio_b = torch.exp((g - t) / eps)
+def _dual_value(a, b, f, g, s, t, pen_a: Penalty, pen_b: Penalty, eps: float, grads: bool = True):
+    """(B,) dual objectives and their partial derivatives (B, N), (B, M) w.r.t. a and b at fixed potentials
+    (None, None with ``grads=False``)."""
+    ratio_b = torch.exp((g - t) / eps)  # (pi^T 1)_j / b_j
     mass_a, mass_b = a.sum(-1, keepdim=True), b.sum(-1, keepdim=True)
     plan_mass = (b * ratio_b).sum(-1)
     phi_f, phi_g = pen_a.phi(f), pen_b.phi(g)
     value = (a * phi_f).sum(-1) + (b * phi_g).sum(-1) - eps * (plan_mass - (mass_a * mass_b)[:, 0])
-    ga = phi_f - eps * (ratio_a - mass_b)
+    if not grads:
+        return value, None, None
+    ga = phi_f - eps * (torch.exp((f - s) / eps) - mass_b)
     gb = phi_g - eps * (ratio_b - mass_a)
     return value, ga, gb
 
@@ -206,8 +208,9 @@ class _Fit:
     sol: _loop.Solution
 
 
-def _fit_full(geom: Geometry, inp: _Inputs, eps, eps_list, init, self_transport) -> _Fit:
-    """Balanced / unbalanced OT (self-transport: the symmetric loop)."""
+def _fit_full(geom: Geometry, inp: _Inputs, eps, eps_list, init, self_transport, grads) -> _Fit:
+    """Balanced / unbalanced OT (self-transport: the symmetric loop); ``grads``: whether to compute the value's
+    derivatives in a and b."""
     a, b, pen_a, pen_b = inp.a.detach(), inp.b.detach(), inp.pen_a, inp.pen_b
     loop = dict(value_tol=inp.value_tol)
     if self_transport:
@@ -217,14 +220,14 @@ def _fit_full(geom: Geometry, inp: _Inputs, eps, eps_list, init, self_transport)
         sol = _multiscale.alternating(geom, a.log(), b.log(), pen_a, pen_b, eps_list, inp.tol, inp.max_iter, init,
                                       inp.accelerate, inp.check_every, **loop)
         sol = _loop.centred(sol, a, b, pen_a, pen_b, inp.tol)
-    value, ga, gb = _dual_value(a, b, sol.f, sol.g, sol.s, sol.t, pen_a, pen_b, eps)
+    value, ga, gb = _dual_value(a, b, sol.f, sol.g, sol.s, sol.t, pen_a, pen_b, eps, grads)
     if inp.tol is None:  # GeomLoss's value for its fixed schedule
         value = (a * schedule_terms(pen_a, sol.f, eps)).sum(-1) + (b * schedule_terms(pen_b, sol.g, eps)).sum(-1)
     return _Fit(sol.f, sol.g, sol.s, sol.t, value, ga, gb, pen_a.aprox(sol.s, eps), pen_b.aprox(sol.t, eps),
                 sol.passes, sol)
 
 
-def _fit_partial(geom: Geometry, inp: _Inputs, eps, eps_list, init, mass_a, mass_b) -> _Fit:
+def _fit_partial(geom: Geometry, inp: _Inputs, eps, eps_list, init, mass_a, mass_b, grads) -> _Fit:
     """Partial OT of mass s: balanced OT between the measures augmented with a dummy point each, of weights
     |b| - s and |a| - s (:class:`PartialGeometry`); the result is read back on the real points."""
     a, b, pen_a, pen_b, mass = inp.a.detach(), inp.b.detach(), inp.pen_a, inp.pen_b, inp.mass
@@ -243,23 +246,30 @@ def _fit_partial(geom: Geometry, inp: _Inputs, eps, eps_list, init, mass_a, mass
     # the column soft-min of the augmented problem at the final f (the loop's t may predate the last
     # rebalancing shift of f), from the real one: no extra pass
     t_aug = pgeom._augment(t_real, aa.log() + sol.f / eps, eps)
-    value, ga_aug, gb_aug = _dual_value(aa, bb, sol.f, sol.g, sol.s, t_aug, pen_a, pen_b, eps)
-    ga = ga_aug[:, :-1] + gb_aug[:, -1:]  # b'_M = |a| - s depends on a
-    gb = gb_aug[:, :-1] + ga_aug[:, -1:]
+    value, ga_aug, gb_aug = _dual_value(aa, bb, sol.f, sol.g, sol.s, t_aug, pen_a, pen_b, eps, grads)
+    ga = gb = None
+    if grads:
+        ga = ga_aug[:, :-1] + gb_aug[:, -1:]  # b'_M = |a| - s depends on a
+        gb = gb_aug[:, :-1] + ga_aug[:, -1:]
     f_hat, g_hat = pen_a.aprox(sol.s, eps)[:, :-1], pen_b.aprox(t_aug, eps)[:, :-1]
     return _Fit(f, g, s_real, t_real, value, ga, gb, f_hat, g_hat, sol.passes + 2, sol)
 
 
-def _saved(geom: Geometry, inp: _Inputs, fit: _Fit, eps: float) -> Saved:
-    """What the envelope backward needs. The x-side uses f_hat, the exact update of f for the final g (and
+def _saved(geom: Geometry, inp: _Inputs, fit: _Fit, eps: float, rows: bool, cols: bool) -> Saved:
+    """What the envelope backward needs: the row side (grad_row, hx) where ``rows`` (x or u takes a gradient),
+    the column side where ``cols``. The x-side uses f_hat, the exact update of f for the final g (and
     the y-side g_hat for the final f), i.e. the gradient of max_f D(f, g) in x and of max_g D(f, g) in y. At
     convergence f_hat = f and g_hat = g; with a fixed iteration budget (GeomLoss-style flows) the row weights
     stay a_i-sized instead of a_i exp((f - f_hat) / eps), which blew up a 100k-point flow."""
     a, b = inp.a.detach(), inp.b.detach()
-    return Saved(geom=geom, eps=eps, grad_row=_checks.masses(a, fit.f_hat, fit.s, eps),
-                 grad_col=_checks.masses(b, fit.g_hat, fit.t, eps), ga=fit.ga, gb=fit.gb,
-                 hx=b.log() + (fit.g if geom.v is None else fit.g - geom.v) / eps,
-                 hy=a.log() + (fit.f if geom.u is None else fit.f - geom.u) / eps)
+    grad_row = hx = grad_col = hy = None
+    if rows:
+        grad_row = _checks.masses(a, fit.f_hat, fit.s, eps)
+        hx = b.log() + (fit.g if geom.v is None else fit.g - geom.v) / eps
+    if cols:
+        grad_col = _checks.masses(b, fit.g_hat, fit.t, eps)
+        hy = a.log() + (fit.f if geom.u is None else fit.f - geom.u) / eps
+    return Saved(geom=geom, eps=eps, grad_row=grad_row, grad_col=grad_col, ga=fit.ga, gb=fit.gb, hx=hx, hy=hy)
 
 
 def _result(geom: Geometry, inp: _Inputs, fit: _Fit, value: torch.Tensor, eps: float, p: int) -> SinkhornResult:
@@ -403,15 +413,22 @@ def _solve(x, y, a=None, b=None, *, p, eps, penalty="balanced", tau=None, mass=N
     _checks.check_masses(mass_a, mass_b, inp.cdt)
     eps_list = epsilon_schedule(p, diam, eps ** (1 / p), inp.scaling)
     init = _check_init(init, inp)
+    # which inputs the value is differentiated in: the backward's saved tensors are computed for those alone
+    grad = [torch.is_grad_enabled() and t is not None and t.requires_grad
+            for t in (inp.x, inp.y, inp.a, inp.b, inp.u, inp.v)]
     with torch.no_grad():
         if inp.mass is not None:
-            fit = _fit_partial(geom, inp, eps, eps_list, init, mass_a, mass_b)
+            fit = _fit_partial(geom, inp, eps, eps_list, init, mass_a, mass_b, grad[2] or grad[3])
         else:
             if inp.pen_a.balanced and inp.pen_b.balanced:
                 _check_balance(mass_a, mass_b, inp.in_dtype)
-            fit = _fit_full(geom, inp, eps, eps_list, init, self_transport)
+            fit = _fit_full(geom, inp, eps, eps_list, init, self_transport, grad[2] or grad[3])
         geom.release()  # the passes after the fit (gradients, plans) stream
         _check_solution(fit.sol, inp, eps)
-        saved = _saved(geom, inp, fit, eps)
-    value = EnvelopeValue.apply(fit.value, saved, inp.x, inp.y, inp.a, inp.b, inp.u, inp.v).to(inp.in_dtype)
-    return _result(geom, inp, fit, value, eps, p)
+    if any(grad):
+        with torch.no_grad():
+            saved = _saved(geom, inp, fit, eps, grad[0] or grad[4], grad[1] or grad[5])
+        value = EnvelopeValue.apply(fit.value, saved, inp.x, inp.y, inp.a, inp.b, inp.u, inp.v)
+    else:
+        value = fit.value
+    return _result(geom, inp, fit, value.to(inp.in_dtype), eps, p)
