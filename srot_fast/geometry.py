@@ -22,7 +22,7 @@ __all__ = ["Geometry", "PartialGeometry", "bbox_diameter"]
 
 STORE_PAIRS = 1 << 22  # B N M up to which a geometry keeps its squared distances for its soft-min passes
 STORE_MIN_D = 8        # (in dimension D >= this, on a backend that reads them: cpu); below, computing is as fast,
-STORE_SMALL = 1 << 18  # but for small problems (N M up to this, any D), where a pass is mostly overhead and the
+STORE_SMALL = 1 << 20  # but for small problems (N M up to this, any D), where a pass is mostly overhead and the
                        # whole loop then runs as one compiled call (srot_fast/_loop.py, _compiled_loop)
 
 
