@@ -64,7 +64,7 @@ def check_weights(w: Optional[torch.Tensor], like: torch.Tensor, name: str) -> t
         raise TypeError(f"{name} must have dtype {like.dtype} like the points, got {w.dtype}")
     # one host sync when the weights are fine (NaN fails every comparison); else the checks below name the fault
     total = w.detach().double().sum(-1)
-    if total.numel():
+    if w.numel():
         least, low, high = torch.stack([w.detach().min().double(), total.min(), total.max()]).tolist()
         if least >= 0 and low > 0 and high <= _MAX_MASS:
             return w

@@ -74,6 +74,12 @@ class EnvelopeValue(torch.autograd.Function):
             gv = gr * sv.grad_col if need[7] and ctx.has_v else None
         return (None, None, *first_order_only([gx, gy, gA, gB, gu, gv], (x, y, a, b, u, v)))
 
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise NotImplementedError(
+            "srot_fast: forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) of an OT value is not "
+            "supported; use reverse mode (backward() or torch.autograd.grad)")
+
 
 def first_order_only(grads: list, inputs: tuple) -> list:
     """``grads`` as they are, or, when a backward runs with create_graph=True (grad mode on), each one

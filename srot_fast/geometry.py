@@ -22,8 +22,9 @@ __all__ = ["Geometry", "PartialGeometry", "bbox_diameter"]
 
 STORE_PAIRS = 1 << 22  # B N M up to which a geometry keeps its squared distances for its soft-min passes
 STORE_MIN_D = 8        # (in dimension D >= this, on a backend that reads them: cpu); below, computing is as fast,
-STORE_SMALL = 1 << 20  # but for small problems (N M up to this, any D), where a pass is mostly overhead and the
-                       # whole loop then runs as one compiled call (srot_fast/_loop.py, _compiled_loop)
+STORE_SMALL = 1 << 18  # but for small problems (N M up to this, any D), where a pass is mostly overhead and the
+                       # whole loop then runs as one compiled call (srot_fast/_loop.py, _compiled_loop),
+STORE_COLD = 1 << 20   # and for a cold solve to a tolerance (eps-scaling: dozens of updates) of up to this many pairs
 
 
 def bbox_diameter(x: torch.Tensor, y: torch.Tensor, a: Optional[torch.Tensor] = None,
@@ -35,15 +36,12 @@ def bbox_diameter(x: torch.Tensor, y: torch.Tensor, a: Optional[torch.Tensor] = 
         return 0.0
     shape = (-1,) + tuple(x.shape[-2:]), (-1,) + tuple(y.shape[-2:])
     pts = torch.cat([x.reshape(shape[0]), y.reshape(shape[1])], -2).double()  # (B, N + M, D)
-    if a is not None or b is not None:
-        keep = [torch.ones(pts.shape[0], t.shape[-2], dtype=torch.bool, device=pts.device) if w is None
-                else (w > 0).reshape(pts.shape[0], -1) for t, w in ((x, a), (y, b))]
-        keep = torch.cat(keep, -1)
-        if not bool(keep.all()):
-            keep = keep[..., None]
-            high, low = torch.where(keep, pts, -math.inf).amax(-2), torch.where(keep, pts, math.inf).amin(-2)
-            return float((high - low).norm(dim=-1).max())
-    low, high = torch.aminmax(pts, dim=-2)
+    if a is None and b is None:
+        low, high = torch.aminmax(pts, dim=-2)
+    else:
+        keep = torch.cat([torch.ones(pts.shape[0], t.shape[-2], dtype=torch.bool, device=pts.device) if w is None
+                          else (w > 0).reshape(pts.shape[0], -1) for t, w in ((x, a), (y, b))], -1)[..., None]
+        high, low = torch.where(keep, pts, -math.inf).amax(-2), torch.where(keep, pts, math.inf).amin(-2)
     return float((high - low).norm(dim=-1).max())
 
 
@@ -55,8 +53,9 @@ class Geometry:
 
     def __init__(self, ops, x: torch.Tensor, y: torch.Tensor, p: int,
                  u: Optional[torch.Tensor] = None, v: Optional[torch.Tensor] = None, options: Optional[dict] = None,
-                 stored=None):
+                 stored=None, cold: bool = False):
         self.ops, self.x, self.y, self.p, self.u, self.v = ops, x, y, p, u, v
+        self.cold = cold  # a solve to a tolerance that starts with eps-scaling (no warm start): see _stored
         self.options = {} if options is None else dict(options)
         self.batch, self.n, self.m = x.shape[0], x.shape[-2], y.shape[-2]
         self._sq = stored  # see _stored: [distances, transpose or None], False (not kept), None (not decided yet)
@@ -65,9 +64,10 @@ class Geometry:
         """The (B, N, M) squared distances |x_i - y_j|^2 (``side`` 0) or their (B, M, N) transpose (1), kept for the
         soft-min passes when the backend reads them (``ops.squared_distances``, ``ops.softmin_sq``), on CPU, in
         float32 / float64, for B N M <= STORE_PAIRS (2 B N M values at most: 32 MB in float32, 64 MB in float64) in
-        dimension D >= STORE_MIN_D, or in any dimension for problems of N M <= STORE_SMALL pairs: in high dimension a
-        pass then reads N M values instead of computing N M distances of D terms, on small problems it skips the
-        per-pass transpose of y and lets the solver run its whole loop as one compiled call (measured:
+        dimension D >= STORE_MIN_D, or in any dimension for problems of N M <= STORE_SMALL pairs (STORE_COLD when
+        ``cold``): in high dimension a pass then reads N M values instead of computing N M distances of D terms, on
+        small problems it skips the per-pass transpose of y and lets the solver run its whole loop as one compiled
+        call; a warm-started solve of a few updates does not repay computing them above STORE_SMALL (measured:
         docs/DESIGN.md, Kernel primitive). They are the values the compiled pass computes, so the result is the
         same. Computed at the first pass of each side (the cost of one pass); None when not kept."""
         if self._sq is False:
@@ -77,7 +77,8 @@ class Geometry:
             pairs = self.batch * self.n * self.m
             keep = (sq_fn is not None and self.x.device.type == "cpu" and self.x.dtype == self.y.dtype
                     and self.x.dtype in (torch.float32, torch.float64) and 0 < pairs
-                    and pairs <= STORE_PAIRS and (self.n * self.m <= STORE_SMALL or self.x.shape[-1] >= STORE_MIN_D))
+                    and pairs <= STORE_PAIRS and (self.n * self.m <= (STORE_COLD if self.cold else STORE_SMALL)
+                                                  or self.x.shape[-1] >= STORE_MIN_D))
             self._sq = [sq_fn(self.x, self.y), None] if keep else False
         if not self._sq:
             return None
@@ -133,11 +134,11 @@ class Geometry:
         u = None if self.u is None else self.u[idx]
         v = None if self.v is None else self.v[idx]
         stored = [None if t is None else t[idx] for t in self._sq] if self._sq else self._sq
-        return Geometry(self.ops, self.x[idx], self.y[idx], self.p, u, v, self.options, stored)
+        return Geometry(self.ops, self.x[idx], self.y[idx], self.p, u, v, self.options, stored, self.cold)
 
     def transposed(self) -> "Geometry":
         stored = self._sq[::-1] if self._sq else self._sq
-        return Geometry(self.ops, self.y, self.x, self.p, self.v, self.u, self.options, stored)
+        return Geometry(self.ops, self.y, self.x, self.p, self.v, self.u, self.options, stored, self.cold)
 
 
 def compiled_library(geom):

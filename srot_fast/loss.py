@@ -287,9 +287,9 @@ class SROTLoss(nn.Module):
         u = v = None
         if self.strategy == "hard":
             pairs = [hard_weights(a[k], s_x[k].to(a.dtype), b[k], s_y[k].to(b.dtype)) for k in range(a.shape[0])]
-            if pairs:
-                a = torch.stack([w for w, _ in pairs])
-                b = torch.stack([w for _, w in pairs])
+            if pairs:  # rescaled weights: checked again (the solves take them as checked)
+                a = _checks.check_weights(torch.stack([w for w, _ in pairs]), x, "a (after the hard SROT reweighting)")
+                b = _checks.check_weights(torch.stack([w for _, w in pairs]), y, "b (after the hard SROT reweighting)")
         elif self.strategy == "soft":
             gam = self._gamma(x, y, a, b)
             pairs = [soft_offsets(s_x[k], s_y[k], float(gam[k]), self.ce_floor) for k in range(x.shape[0])]

@@ -30,8 +30,9 @@ class SinkhornResult:
             ``tol=None`` the rows alone); a float, or (B,) for a batch.
         converged: whether the solve met ``tol`` or ``value_tol`` (always True with ``tol=None``); a bool,
             or (B,) for a batch.
-        row_mass (N,): mass transported from each source point, pi 1 (computed when first read).
-        col_mass (M,): mass transported to each target point, pi^T 1 (computed when first read).
+        row_mass (N,): mass transported from each source point, pi 1 (computed from f when first read, as the plan
+            accessors below read f and g: change those in place and they change).
+        col_mass (M,): mass transported to each target point, pi^T 1 (from g, when first read).
         eps, p, backend: the entropic regularisation (cost units), cost exponent and backend used.
         passes: soft-min kernel passes launched (each covers the whole batch); syncs: host
             synchronisations spent on the stopping test.
@@ -57,11 +58,13 @@ class SinkhornResult:
 
     @cached_property
     def row_mass(self) -> torch.Tensor:
-        return self._out(_checks.masses(self._a, self._f.detach(), self._s, self.eps))
+        with torch.inference_mode(False):  # a normal tensor, even when first read under inference_mode
+            return self._out(_checks.masses(self._a, self._f.detach(), self._s, self.eps))
 
     @cached_property
     def col_mass(self) -> torch.Tensor:
-        return self._out(_checks.masses(self._b, self._g.detach(), self._t, self.eps))
+        with torch.inference_mode(False):
+            return self._out(_checks.masses(self._b, self._g.detach(), self._t, self.eps))
 
     @property
     def transported_mass(self):

@@ -400,7 +400,9 @@ def _solve(x, y, a=None, b=None, *, p, eps, penalty="balanced", tau=None, mass=N
                         accelerate=accelerate, penalty=penalty, tau=tau, mass=mass, self_transport=self_transport,
                         checked=checked)
     u, v = (None if t is None else t.detach() for t in (inp.u, inp.v))
-    geom = Geometry(get_ops(inp.backend), inp.x.detach(), inp.y.detach(), p, u, v, inp.options)
+    # cold: eps-scaling to a tolerance (dozens of updates), where keeping the distances of larger problems pays
+    geom = Geometry(get_ops(inp.backend), inp.x.detach(), inp.y.detach(), p, u, v, inp.options,
+                    cold=init is None and inp.tol is not None)
     if inp.x.shape[0] == 0:  # an empty batch: empty results, still connected to the inputs
         return _empty(inp, geom, eps, p)
     ad, bd = inp.a.detach(), inp.b.detach()
@@ -414,6 +416,7 @@ def _solve(x, y, a=None, b=None, *, p, eps, penalty="balanced", tau=None, mass=N
     eps_list = epsilon_schedule(p, diam, eps ** (1 / p), inp.scaling)
     init = _check_init(init, inp)
     # which inputs the value is differentiated in: the backward's saved tensors are computed for those alone
+    # (EnvelopeValue still wraps the value, so that forward-mode AD gets its error, not a missing tangent)
     grad = [torch.is_grad_enabled() and t is not None and t.requires_grad
             for t in (inp.x, inp.y, inp.a, inp.b, inp.u, inp.v)]
     with torch.no_grad():
@@ -425,10 +428,7 @@ def _solve(x, y, a=None, b=None, *, p, eps, penalty="balanced", tau=None, mass=N
             fit = _fit_full(geom, inp, eps, eps_list, init, self_transport, grad[2] or grad[3])
         geom.release()  # the passes after the fit (gradients, plans) stream
         _check_solution(fit.sol, inp, eps)
-    if any(grad):
-        with torch.no_grad():
-            saved = _saved(geom, inp, fit, eps, grad[0] or grad[4], grad[1] or grad[5])
-        value = EnvelopeValue.apply(fit.value, saved, inp.x, inp.y, inp.a, inp.b, inp.u, inp.v)
-    else:
-        value = fit.value
+    with torch.no_grad():
+        saved = _saved(geom, inp, fit, eps, grad[0] or grad[4], grad[1] or grad[5])
+    value = EnvelopeValue.apply(fit.value, saved, inp.x, inp.y, inp.a, inp.b, inp.u, inp.v)
     return _result(geom, inp, fit, value.to(inp.in_dtype), eps, p)

@@ -346,6 +346,43 @@ def test_double_backward_raises_a_clear_error(backend):
         torch.autograd.grad(g.sum(), x)
 
 
+@pytest.mark.parametrize("how", ["sinkhorn", "loss"])
+def test_forward_mode_ad_raises_a_clear_error(how):
+    """Forward-mode AD is refused with a message, never a silently missing tangent (also when no input requires
+    grad, where the solve keeps nothing for a backward)."""
+    import torch.autograd.forward_ad as fwAD
+
+    x, y = _pts(30, 20)
+    with fwAD.dual_level(), pytest.raises(NotImplementedError, match="forward-mode AD"):
+        dual = fwAD.make_dual(x, torch.ones_like(x))
+        value = sinkhorn(dual, y, p=2, eps=0.09).value if how == "sinkhorn" else SROTLoss(blur=0.3)(dual, y)
+        fwAD.unpack_dual(value)
+
+
+def test_row_mass_first_read_under_inference_mode_stays_usable():
+    """The result's masses are computed when first read; read under inference_mode they are normal tensors."""
+    x, y = _pts(30, 20)
+    res = sinkhorn(x, y, p=2, eps=0.09)
+    with torch.inference_mode():
+        assert res.row_mass.shape == (30,) and res.col_mass.shape == (20,)
+    w = torch.ones(30, dtype=res.row_mass.dtype, requires_grad=True)
+    (res.row_mass * w).sum().backward()
+    torch.testing.assert_close(w.grad, res.row_mass)
+    res.col_mass.add_(0)  # not an inference tensor
+
+
+def test_hard_weights_that_overflow_name_the_reweighting():
+    """Hard SROT rescales the kept weights to the original mass; where that overflows (a tiny kept weight) the
+    error names the reweighted argument, not a later symptom."""
+    x, y = _pts(6, 5)
+    a = torch.tensor([1e-320, 1, 1, 1, 1, 1], dtype=x.dtype)
+    a = a / a.sum()
+    s_x = torch.tensor([0.1, 0.9, 0.9, 0.9, 0.9, 0.9], dtype=x.dtype)  # only the tiny first point is kept
+    s_y = torch.full((5,), 0.9, dtype=x.dtype)
+    with pytest.raises(ValueError, match=r"a \(after the hard SROT reweighting\) contains NaN or inf"):
+        SROTLoss(strategy="hard", debias=False)(a, x, torch.full((5,), 0.2, dtype=x.dtype), y, scores=(s_x, s_y))
+
+
 def test_eps_below_the_dtype_resolution_is_refused():
     """float32 cannot resolve eps = 1e-6 against costs of ~1e4: refuse instead of stopping at a false fixed
     point with a zero marginal error."""

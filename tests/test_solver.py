@@ -572,6 +572,7 @@ def test_compiled_self_transport_loop_equals_the_torch_loop(dtype, reach, monkey
         torch.testing.assert_close(g1, g0, **tol)
         assert torch.equal(n1, n0)
     monkeypatch.setattr(geometry, "STORE_SMALL", 0)  # d = 3 < STORE_MIN_D: no stored distances
+    monkeypatch.setattr(geometry, "STORE_COLD", 0)
     before = dict(calls)
     SROTLoss(p=2, reach=reach, backend="cpu")(x, y)
     assert calls == before
@@ -663,6 +664,7 @@ def test_stored_distances_change_nothing_but_speed(p, d, monkeypatch):
     for pairs in (geometry.STORE_PAIRS, 0):
         monkeypatch.setattr(geometry, "STORE_PAIRS", pairs)
         monkeypatch.setattr(geometry, "STORE_SMALL", min(pairs, geometry.STORE_SMALL))
+        monkeypatch.setattr(geometry, "STORE_COLD", min(pairs, geometry.STORE_COLD))
         seen.clear()
         loss = SROTLoss(p=p, blur=0.5, backend="cpu")
         xg = x.clone().requires_grad_()
@@ -675,6 +677,42 @@ def test_stored_distances_change_nothing_but_speed(p, d, monkeypatch):
     assert abs(n1 - n0) <= 1  # equal here; another compiler may vectorise the two passes' sums differently
     torch.testing.assert_close(v1, v0, rtol=1e-6, atol=0)
     torch.testing.assert_close(g1, g0, rtol=1e-5, atol=1e-7)
+
+
+@_COMPILED
+def test_larger_problems_keep_their_distances_for_cold_solves_only(monkeypatch):
+    """Between STORE_SMALL and STORE_COLD pairs (any D) the distances are kept for a cold solve to a tolerance
+    (eps-scaling: dozens of updates), not for a warm start (a few updates) nor the fixed schedule (tol=None),
+    which do not repay computing them; below STORE_SMALL every solve keeps them. Same results either way."""
+    from srot_fast.kernels import cpu_ops
+
+    from srot_fast import geometry
+
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(40, 2, generator=gen, dtype=F64), torch.randn(30, 2, generator=gen, dtype=F64) + 0.5
+    stores = []
+    squared_distances = cpu_ops.squared_distances
+
+    def spy(*args, **kw):
+        stores.append(1)
+        return squared_distances(*args, **kw)
+
+    monkeypatch.setattr(cpu_ops, "squared_distances", spy)
+    cold = sinkhorn(x, y, eps=0.01, backend="cpu")
+    init = (cold.f + 0.01, cold.g - 0.01)
+    results = {}
+    for small, big in ((0, 2000), (2000, 2000), (0, 0)):  # 1200 pairs: kept for cold solves; always; never
+        monkeypatch.setattr(geometry, "STORE_SMALL", small)
+        monkeypatch.setattr(geometry, "STORE_COLD", big)
+        for name, kw in (("cold", {}), ("warm", {"init": init}), ("fixed", {"tol": None})):
+            stores.clear()
+            res = sinkhorn(x, y, eps=0.01, backend="cpu", **kw)
+            results.setdefault(name, []).append((res.value, res.n_iter))
+            assert bool(stores) == (small > 0 or (big > 0 and name == "cold")), (small, big, name)
+    for runs in results.values():
+        for value, n_iter in runs[1:]:
+            torch.testing.assert_close(value, runs[0][0], rtol=1e-12, atol=0)
+            assert n_iter == runs[0][1]
 
 
 def test_acceleration_never_costs_updates_on_easy_problems():
