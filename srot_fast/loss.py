@@ -80,9 +80,10 @@ class SROTLoss(nn.Module):
         detector: a fitted :class:`srot_fast.OutlierDetector`; or pass ``scores=(s_x, s_y)`` (P(target))
             to the call. Scores are detached (a one-time warning says so if they require grad).
         ce_floor: smallest cross-entropy in the soft offsets (offsets <= gamma / ce_floor).
-        warm_start: start each call from the previous call's potentials when the shapes match
-            (gradient flows, where consecutive problems are close); skips eps-scaling. Call
-            ``reset()`` to forget them. Off by default (unrelated batches gain nothing).
+        warm_start: start each call's solves (the transport and, with ``debias``, the two debiasing terms) from
+            the previous call's potentials when the shapes match (gradient flows, where consecutive problems are
+            close); skips eps-scaling. Call ``reset()`` to forget them. Off by default (unrelated batches gain
+            nothing).
         precision, autotune: the Triton backend's ``tl.dot`` precision ('tf32x3', 'ieee' or 'tf32'; None:
             ``SROT_TRITON_DOT_PRECISION``, else 'tf32x3') and block-size autotuning (None:
             ``SROT_TRITON_AUTOTUNE``), as in :func:`srot_fast.sinkhorn`. The other backends ignore them
@@ -172,11 +173,12 @@ class SROTLoss(nn.Module):
         self.precision, self.autotune = check_precision(precision), check_autotune(autotune)
         self.last_result: Optional[SinkhornResult] = None
         self._warm: Optional[tuple] = None  # (f, g) of the previous call
+        self._warm_debias: Optional[tuple] = None  # the (f, g) of its two debiasing solves
         self._warned_grad_scores = False
 
     def reset(self) -> None:
         """Forget the potentials kept for ``warm_start``."""
-        self._warm = None
+        self._warm = self._warm_debias = None
 
     def extra_repr(self) -> str:
         return (f"p={self.p}, blur={self.blur}, penalty={self.penalty!r}, tau={self.tau}, mass={self.mass}, "
@@ -281,6 +283,16 @@ class SROTLoss(nn.Module):
                       backend=self._backend(x), init=init, self_transport=self_transport, value_tol=self.value_tol,
                       precision=self.precision, autotune=self.autotune, checked=True)
 
+    def _init(self, kept: Optional[tuple], a: torch.Tensor, b: torch.Tensor) -> Optional[tuple]:
+        """With ``warm_start``, the potentials ``kept`` from the previous call's solve of the same term where they fit
+        weights a, b (shapes, dtype, device); else None (a cold solve)."""
+        if not self.warm_start or kept is None:
+            return None
+        f0, g0 = kept
+        fits = (f0.shape == a.shape and g0.shape == b.shape and f0.dtype == _compute(a.dtype)
+                and f0.device == a.device)
+        return kept if fits else None
+
     def _batch(self, a, x, b, y, s_x, s_y, batched: bool):
         """Values (B,) (or potentials) of B problems (x (B, N, D), ...), solved as one batch; with
         ``batched=False`` (B = 1) the solve and the outputs drop the batch dimension."""
@@ -305,13 +317,7 @@ class SROTLoss(nn.Module):
             x, y, a, b = x[0], y[0], a[0], b[0]
             u = None if u is None else u[0]
             v = None if v is None else v[0]
-        init = None
-        if self.warm_start and self._warm is not None:
-            f0, g0 = self._warm
-            if (f0.shape == a.shape and g0.shape == b.shape and f0.dtype == _compute(a.dtype)
-                    and f0.device == a.device):
-                init = self._warm
-        res = self._solve(x, y, a, b, u, v, diam, init)
+        res = self._solve(x, y, a, b, u, v, diam, self._init(self._warm, a, b))
         if self.warm_start:
             self._warm = (res.f.detach(), res.g.detach())
         self.last_result = res
@@ -322,8 +328,11 @@ class SROTLoss(nn.Module):
         if not self.debias:
             return (res.f.detach(), res.g.detach()) if self.potentials else res.value
         sym = self._symmetric()
-        rxx = self._solve(x, x, a, a, u, u, diam, self_transport=sym)
-        ryy = self._solve(y, y, b, b, v, v, diam, self_transport=sym)
+        kept = self._warm_debias or (None, None)
+        rxx = self._solve(x, x, a, a, u, u, diam, self._init(kept[0], a, a), self_transport=sym)
+        ryy = self._solve(y, y, b, b, v, v, diam, self._init(kept[1], b, b), self_transport=sym)
+        if self.warm_start:
+            self._warm_debias = tuple((r.f.detach(), r.g.detach()) for r in (rxx, ryy))
         if self.potentials:
             return (res.f - rxx.f).detach(), (res.g - ryy.g).detach()
         value = res.value - 0.5 * (rxx.value + ryy.value)

@@ -52,3 +52,33 @@ def test_warm_start_ignores_mismatched_shapes_and_reset():
     torch.testing.assert_close(v_other, ref, atol=1e-9, rtol=1e-8)
     loss.reset()
     assert loss._warm is None
+
+
+def test_loss_warm_start_covers_the_debiasing_terms():
+    """With debias (the default), warm_start also starts the two self-transport solves from the previous call's:
+    the same flow in far fewer debiasing updates."""
+    x, y0 = _problem(3)
+    values, iters = {}, {}
+    for ws in (False, True):
+        loss = srot_fast.SROTLoss(p=2, blur=0.1, tol=1e-9, max_iter=5000, warm_start=ws, value_tol=None)
+        debias_updates = []
+        solve = loss._solve
+
+        def spy(x, y, *args, solve=solve, record=debias_updates, **kw):
+            res = solve(x, y, *args, **kw)
+            if x is y:  # a debiasing term
+                record.append(int(res.n_iter))
+            return res
+
+        loss._solve = spy
+        y = y0.clone().requires_grad_()
+        for _ in range(5):
+            (g,) = torch.autograd.grad(loss(x, y), y)
+            with torch.no_grad():
+                y -= 0.5 * y.shape[0] * g
+        values[ws], iters[ws] = loss(x, y.detach()).item(), sum(debias_updates[2:])  # after the first call
+        assert len(debias_updates) == 12
+    assert abs(values[True] - values[False]) < 1e-7 * abs(values[False])
+    assert iters[True] < 0.5 * iters[False], iters
+    loss.reset()
+    assert loss._warm is None and loss._warm_debias is None
