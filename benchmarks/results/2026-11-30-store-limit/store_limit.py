@@ -25,7 +25,7 @@ for n in sizes:
     for reach in (None, 1.0):
         for rnd in range(rounds):
             for limit in limits:
-                geometry.STORE_SMALL = limit
+                geometry.STORE_SMALL = geometry.STORE_COLD = limit  # (the runs here predate STORE_COLD)
                 loss = SROTLoss(reach=reach)
                 best = float("inf")
                 for rep in range(8):
