@@ -50,8 +50,9 @@ class SROTLoss(_loss.SROTLoss):
     a (N_r,), b (M_r,) (unbatched); the value is the global one on every rank, and ``backward`` on every rank gives
     each rank the gradients of its own points and weights. ``potentials=True`` returns this rank's shards of
     (f, g). A detector scores each rank's own points; hard SROT renormalises the weights with all-reduced masses,
-    soft SROT's gamma = max C is all-reduced, the debiasing terms are sharded self-transport solves.
-    ``last_result`` is the :class:`ShardedResult` of the cross problem.
+    soft SROT's gamma = max C is all-reduced, the debiasing terms are sharded self-transport solves. With
+    ``warm_start`` each of the three solves starts from this rank's shards of the previous call's potentials when
+    they fit on every rank. ``last_result`` is the :class:`ShardedResult` of the cross problem.
     """
 
     def __init__(self, *args, group=None, mode: str = "auto", **kwargs):
@@ -123,13 +124,7 @@ class SROTLoss(_loss.SROTLoss):
         diam = self.diameter
         if diam is None:
             diam = _bbox_diameter(comm, x.detach(), y.detach(), a.detach(), b.detach())
-        init = None
-        if self.warm_start and self._warm is not None:
-            f0, g0 = self._warm
-            ok = f0.shape == a.shape and g0.shape == b.shape and f0.dtype == _loss._compute(a.dtype)
-            if bool(comm.max(torch.tensor([0.0 if ok else 1.0], device=comm.device)) == 0):
-                init = self._warm
-        res = self._run(comm, x, y, a, b, u, v, ns, ms, diam, mode, init)
+        res = self._run(comm, x, y, a, b, u, v, ns, ms, diam, mode, self._agreed_init(comm, self._warm, a, b))
         if self.warm_start:
             self._warm = (res.f.detach(), res.g.detach())
         self.last_result = res
@@ -139,8 +134,13 @@ class SROTLoss(_loss.SROTLoss):
         if not self.debias:
             return (res.f.detach(), res.g.detach()) if self.potentials else res.value
         sym = self._symmetric()
-        rxx = self._run(comm, x, x, a, a, u, u, ns, ns, diam, mode, None, self_transport=sym)
-        ryy = self._run(comm, y, y, b, b, v, v, ms, ms, diam, mode, None, self_transport=sym)
+        kept = self._warm_debias or (None, None)
+        rxx = self._run(comm, x, x, a, a, u, u, ns, ns, diam, mode, self._agreed_init(comm, kept[0], a, a),
+                        self_transport=sym)
+        ryy = self._run(comm, y, y, b, b, v, v, ms, ms, diam, mode, self._agreed_init(comm, kept[1], b, b),
+                        self_transport=sym)
+        if self.warm_start:
+            self._warm_debias = tuple((r.f.detach(), r.g.detach()) for r in (rxx, ryy))
         if self.potentials:
             return (res.f - rxx.f).detach(), (res.g - ryy.g).detach()
         value = res.value - 0.5 * (rxx.value + ryy.value)
@@ -148,6 +148,15 @@ class SROTLoss(_loss.SROTLoss):
             return value
         masses = _AllSum.apply(torch.stack([a.sum(), b.sum()]), comm)
         return value + (0.5 * self.eps * (masses[0] - masses[1]) ** 2).to(res.value.dtype)
+
+    def _agreed_init(self, comm, kept, a, b):
+        """With ``warm_start``, this rank's shards ``kept`` of the previous call's potentials of the same solve where
+        they fit its weights a, b on every rank (one collective), else None on every rank (a cold solve)."""
+        if not self.warm_start or kept is None:  # the same on every rank: all ranks make the same calls
+            return None
+        f0, g0 = kept
+        ok = f0.shape == a.shape and g0.shape == b.shape and f0.dtype == _loss._compute(a.dtype)
+        return kept if bool(comm.max(torch.tensor([0.0 if ok else 1.0], device=comm.device)) == 0) else None
 
     def _run(self, comm, x, y, a, b, u, v, ns, ms, diam, mode, init, self_transport=False) -> ShardedResult:
         pen_a, pen_b = _penalties(self.penalty, self.tau)

@@ -165,6 +165,40 @@ def _check_warm_start(rank, cuts_x, cuts_y, mode):
         _close(res.col_mass, ref.col_mass[sy], f"rank {rank}, warm start at a solution, {pen}, col_mass")
 
 
+def _check_warm_losses(rank, cuts_x, cuts_y, mode):
+    """SROTLoss(warm_start=True) with debiasing, three calls on a moving y: the transport and both debiasing terms
+    start from the previous call's potentials on every rank, as in one process (same values, updates, gradients)."""
+    x, y, a, b, _, _, _, _ = _data(cuts_x[-1], cuts_y[-1], seed=6)
+    sx, sy = slice(cuts_x[rank], cuts_x[rank + 1]), slice(cuts_y[rank], cuts_y[rank + 1])
+    kw = dict(p=2, blur=0.3, reach=1.0, warm_start=True, tol=1e-9, value_tol=None, max_iter=5000)
+    ref_loss, loss = srot_fast.SROTLoss(**kw), sd.SROTLoss(mode=mode, **kw)
+    debias = {"ref": [], "sharded": []}  # updates of the debiasing solves, call by call
+
+    def spy(solve, key, first, second):
+        def run(*args, **kwargs):
+            res = solve(*args, **kwargs)
+            if args[first] is args[second]:
+                debias[key].append(int(res.n_iter))
+            return res
+        return run
+
+    ref_loss._solve = spy(ref_loss._solve, "ref", 0, 1)
+    loss._run = spy(loss._run, "sharded", 1, 2)  # _run(comm, x, y, ...)
+    for step in range(3):
+        y_step = y + 0.05 * step
+        xr = x.clone().requires_grad_()
+        ref = ref_loss(a, xr, b, y_step)
+        ref.backward()
+        xl = x[sx].clone().requires_grad_()
+        value = loss(a[sx], xl, b[sy], y_step[sy])
+        value.backward()
+        _close(value, ref, f"rank {rank}, warm debiased loss, step {step}, value")
+        _close(xl.grad, xr.grad[sx], f"rank {rank}, warm debiased loss, step {step}, grad x")
+        assert int(loss.last_result.n_iter) == int(ref_loss.last_result.n_iter), step
+    assert debias["sharded"] == debias["ref"], debias
+    assert max(debias["ref"][2:]) < min(debias["ref"][:2]), debias  # the warm-started ones take fewer updates
+
+
 def _check_losses(rank, cuts_x, cuts_y, modes, losses):
     x, y, a, b, _, _, s_x, s_y = _data(cuts_x[-1], cuts_y[-1], seed=1)
     sx, sy = slice(cuts_x[rank], cuts_x[rank + 1]), slice(cuts_y[rank], cuts_y[rank + 1])
@@ -278,6 +312,7 @@ def _worker_2(rank, world, port):
     _check_solves(rank, cuts_x, cuts_y, ("gather", "ring"), SOLVES)
     _check_solves(rank, cuts_x, cuts_y, ("auto",), SOLVES[2:3], backend="cpu")
     _check_warm_start(rank, cuts_x, cuts_y, "ring")
+    _check_warm_losses(rank, cuts_x, cuts_y, "gather")
     _check_losses(rank, cuts_x, cuts_y, ("gather",), LOSSES[::2])
     _check_losses(rank, cuts_x, cuts_y, ("ring",), LOSSES[1::2])
     _check_errors(rank, world, bad_rank=1)
