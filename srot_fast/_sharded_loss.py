@@ -154,8 +154,7 @@ class SROTLoss(_loss.SROTLoss):
         they fit its weights a, b on every rank (one collective), else None on every rank (a cold solve)."""
         if not self.warm_start or kept is None:  # the same on every rank: all ranks make the same calls
             return None
-        f0, g0 = kept
-        ok = f0.shape == a.shape and g0.shape == b.shape and f0.dtype == _loss._compute(a.dtype)
+        ok = self._init(kept, a, b) is not None  # this rank's test
         return kept if bool(comm.max(torch.tensor([0.0 if ok else 1.0], device=comm.device)) == 0) else None
 
     def _run(self, comm, x, y, a, b, u, v, ns, ms, diam, mode, init, self_transport=False) -> ShardedResult:
