@@ -194,8 +194,11 @@ def _check_warm_losses(rank, cuts_x, cuts_y, mode):
         value.backward()
         _close(value, ref, f"rank {rank}, warm debiased loss, step {step}, value")
         _close(xl.grad, xr.grad[sx], f"rank {rank}, warm debiased loss, step {step}, grad x")
-        assert int(loss.last_result.n_iter) == int(ref_loss.last_result.n_iter), step
-    assert debias["sharded"] == debias["ref"], debias
+        # sharded sums round in another order: a stopping threshold may be crossed one update apart
+        assert abs(int(loss.last_result.n_iter) - int(ref_loss.last_result.n_iter)) <= 1, step
+    assert len(debias["sharded"]) == len(debias["ref"]) == 6, debias
+    assert all(abs(s - r) <= 1 for s, r in zip(debias["sharded"], debias["ref"])), debias
+    assert max(debias["sharded"][2:]) < min(debias["sharded"][:2]), debias
     assert max(debias["ref"][2:]) < min(debias["ref"][:2]), debias  # the warm-started ones take fewer updates
 
 
