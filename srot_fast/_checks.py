@@ -11,11 +11,26 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
+def _not_transformed(t: torch.Tensor, name: str) -> None:
+    """Refuse a tensor wrapped by a torch.func transform (vmap, grad, jacrev, jvp): the solver's compiled kernels
+    and data-dependent stopping test cannot run under them, and torch's own error would not say so."""
+    if _is_functorch_wrapped(t):
+        raise NotImplementedError(
+            f"{name} is a tensor inside a torch.func transform (vmap, grad, jacrev, jvp, ...), which srot_fast does "
+            f"not support: pass a (B, N, D) batch instead of vmap (it is solved as one problem), and use reverse "
+            f"mode (backward() or torch.autograd.grad) for gradients")
+
+
+_is_functorch_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor",
+                                lambda t: False)
+
+
 def check_points(t, name: str, batched: bool = False) -> torch.Tensor:
     """A (N, D) — or (B, N, D) when ``batched`` — finite floating-point tensor (float16 / bfloat16 are
     accepted here and computed in float32, see :func:`compute_dtype`)."""
     if not torch.is_tensor(t):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    _not_transformed(t, name)
     if t.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"{name} must be a floating-point tensor (float16, bfloat16, float32 or float64), "
                         f"got {t.dtype}")
@@ -57,6 +72,7 @@ def check_weights(w: Optional[torch.Tensor], like: torch.Tensor, name: str) -> t
         return torch.full(shape, 1.0 / max(shape[-1], 1), dtype=dtype, device=like.device)
     if not torch.is_tensor(w):
         raise TypeError(f"{name} must be a torch.Tensor of weights, got {type(w).__name__}")
+    _not_transformed(w, name)
     _same_device(w, like, name)
     if w.shape != shape:
         raise ValueError(f"{name} must have shape {tuple(shape)} (one weight per point), got {tuple(w.shape)}")
@@ -86,6 +102,7 @@ def check_offsets(o: Optional[torch.Tensor], like: torch.Tensor, name: str) -> O
         return None
     if not torch.is_tensor(o):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(o).__name__}")
+    _not_transformed(o, name)
     _same_device(o, like, name)
     if o.shape != like.shape[:-1]:
         raise ValueError(f"{name} must have shape {tuple(like.shape[:-1])}, got {tuple(o.shape)}")

@@ -91,7 +91,8 @@ class SROTLoss(nn.Module):
 
     After a call, ``last_result`` holds the :class:`SinkhornResult` of the cross problem (for a batch,
     per-problem ``n_iter`` and ``marginal_error`` tensors), e.g. to read ``backend`` or ``row_mass``.
-    Second-order derivatives (double backward) raise a RuntimeError.
+    Second-order derivatives (double backward) raise a RuntimeError; forward-mode AD and torch.func transforms
+    (vmap, grad, jvp) a NotImplementedError.
 
     Example:
         >>> loss = SROTLoss("sinkhorn", p=1, blur=0.01, reach=1.0, strategy="soft")

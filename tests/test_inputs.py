@@ -359,6 +359,25 @@ def test_forward_mode_ad_raises_a_clear_error(how):
         fwAD.unpack_dual(value)
 
 
+@pytest.mark.parametrize("transform", ["vmap", "grad", "jvp"])
+@pytest.mark.parametrize("how", ["sinkhorn", "loss"])
+def test_torch_func_transforms_raise_a_clear_error(transform, how):
+    """torch.func transforms are refused with a message naming the argument and the alternative (a batch, reverse
+    mode), not torch's internal errors about data pointers or data-dependent control flow; also when only the
+    weights are transformed."""
+    x, y = _pts(30, 20)
+    a = torch.full((30,), 1 / 30, dtype=x.dtype)
+
+    def value(x_, a_=None):
+        return sinkhorn(x_, y, a_, p=2, eps=0.09).value if how == "sinkhorn" else SROTLoss(blur=0.3)(a_, x_, None, y)
+
+    calls = {"vmap": lambda: torch.func.vmap(value)(torch.stack([x, x])),
+             "grad": lambda: torch.func.grad(lambda a_: value(x, a_))(a),
+             "jvp": lambda: torch.func.jvp(value, (x,), (torch.ones_like(x),))}
+    with pytest.raises(NotImplementedError, match=r"(x|a) is a tensor inside a torch.func transform.*backward\(\)"):
+        calls[transform]()
+
+
 def test_row_mass_first_read_under_inference_mode_stays_usable():
     """The result's masses are computed when first read; read under inference_mode they are normal tensors."""
     x, y = _pts(30, 20)
