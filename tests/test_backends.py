@@ -22,6 +22,7 @@ import os
 
 import pytest
 import torch
+from reference import assert_argmax
 from srot_fast.kernels import cpu_ops
 
 from srot_fast import backends, sinkhorn
@@ -111,7 +112,8 @@ def test_sinkhorn_matches_tensorized(backend, cfg, p):
         assert torch.isfinite(got).all(), name
         torch.testing.assert_close(got, want, **TOL, msg=f"d value / d {name}")
     torch.testing.assert_close(res.barycentric_projection(), ref.barycentric_projection(), **TOL)
-    assert torch.equal(res.plan_argmax(), ref.plan_argmax())
+    # the arg-max may resolve a near-tie the other way: its plan entry is within rounding of the row's largest
+    assert_argmax(res.plan_argmax().cpu(), ref.plan().detach().double().cpu().log(), 1e-9)
 
 
 _LOSS = {"plain-balanced": (None, None), "plain-kl": (None, 1.0), "soft-kl": ("soft", 1.0),

@@ -129,7 +129,7 @@ def _check_solves(rank, cuts_x, cuts_y, modes, solves, backend="tensorized"):
             res = sd.sinkhorn(*loc[:4], u=loc[4] if offsets else None, v=loc[5] if offsets else None,
                               backend=backend, mode=mode, **kw)
             res.value.backward()
-            assert res.n_iter == ref.n_iter, what
+            assert abs(res.n_iter - ref.n_iter) <= 1, what  # sharded sums round in another order (equal here)
             _close(res.value.detach(), ref.value.detach(), what + " value")
             _close(res.f, ref.f[sx], what + " f")
             _close(res.g, ref.g[sy], what + " g")
@@ -150,7 +150,7 @@ def _check_warm_start(rank, cuts_x, cuts_y, mode):
     first = srot_fast.sinkhorn(x, y, a, b, **kw)
     ref = srot_fast.sinkhorn(x, y + 0.05, a, b, init=(first.f, first.g), **kw)
     res = sd.sinkhorn(x[sx], y[sy] + 0.05, a[sx], b[sy], init=(first.f[sx], first.g[sy]), mode=mode, **kw)
-    assert res.n_iter == ref.n_iter
+    assert abs(res.n_iter - ref.n_iter) <= 1  # as above
     _close(res.value, ref.value, f"rank {rank}, warm start, value")
     _close(res.f, ref.f[sx], f"rank {rank}, warm start, f")
     _close(res.g, ref.g[sy], f"rank {rank}, warm start, g")

@@ -65,7 +65,7 @@ def test_cloud3d_quick(tmp_path):
     # OT moves the outliers' share (10 %) of its mass from them, partial OT more (~1/9), SROT hard ~nothing
     assert abs(share["OT"] - 0.1) < 2e-3, share
     assert share["Partial OT (m=0.9)"] > 0.105, share
-    assert share["SROT hard"] < 0.01, share
+    assert share["SROT hard"] < 0.02, share  # measured ~0; missing a tenth of the outliers (allowed below): ~1 %
     assert abs(methods["Partial OT (m=0.9)"]["transported_mass"] - 0.9) < 2e-3
     det = metrics["results"]["detection"]["vat"]
     assert det["alpha_outliers_found"] >= 0.9 * det["n_alpha_outliers"]   # margin: training is not bit-exact

@@ -18,7 +18,8 @@ from srot_fast import cli  # noqa: E402
 SEEDS = [0, pytest.param(1, marks=pytest.mark.slow)]
 OUTLIER_SHARE = 0.1
 TOL = 1e-3          # Sinkhorn tolerance slack below the outliers' 10 % share (OT / partial / UOT)
-MAX_SROT = 0.01     # SROT: at most 1 % of the transported mass leaves alpha's outliers
+MAX_SROT = 0.02     # SROT: at most 2 % of the transported mass leaves alpha's outliers (measured 0; a detector that
+                    # misses a tenth of them, which the detection check below allows, leaves about 1 %)
 
 
 def _run(command, out, seed):
@@ -82,7 +83,7 @@ def test_flow2d_claims(flow2d):
     # rescaling beta to mass 0.9 lets SROT soft match alpha_c (paper's supplementary trick)
     assert w1["SROT soft (rescaled)"] < 0.5 * w1["SROT soft (partial m=0.9)"]
     assert m["SROT soft (partial m=0.9)"]["beta_T_left_at_outliers"] >= 0.05
-    assert m["SROT hard"]["beta_T_left_at_outliers"] <= 0.01 < m["OT"]["beta_T_left_at_outliers"]
+    assert m["SROT hard"]["beta_T_left_at_outliers"] <= MAX_SROT < m["OT"]["beta_T_left_at_outliers"]
     det = metrics["results"]["detection"]["vat"]
     # with a margin (one training run is not bit-identical across CPUs); measured: all found, no clean flagged
     assert det["alpha_outliers_found"] >= 0.9 * det["n_alpha_outliers"]

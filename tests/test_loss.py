@@ -232,7 +232,8 @@ def test_default_loss_stops_on_its_value():
     """SROTLoss() (tol 1e-3, value_tol = tol / 10) stops on the value test at a marginal error above tol, in
     fewer updates than the marginal test alone, with the debiased value within 1e-3 relative of a float64 solve.
     Pooled over 8 seeds (one seed's counts move by a few updates under rounding-level changes of the data):
-    measured 774 updates against 1072, every seed stopped by the value test, values within 9e-7 to 6e-5."""
+    measured 774 updates against 1072, every seed stopped by the value test (7 of 8 with the kernel built without
+    FMA or for 128-bit vectors), values within 9e-7 to 6e-5."""
     updates = marginal_updates = by_value = 0
     for seed in range(8):
         gen = torch.Generator().manual_seed(seed)
@@ -247,7 +248,7 @@ def test_default_loss_stops_on_its_value():
         by_value += res.marginal_error > loss.tol  # stopped by the value test
         updates += res.n_iter
         marginal_updates += marginal_only.last_result.n_iter
-    assert by_value >= 6
+    assert by_value >= 5  # measured 8 of 8; 7 of 8 with the kernel built for another instruction set
     assert updates <= 0.85 * marginal_updates, (updates, marginal_updates)
 
 

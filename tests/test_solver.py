@@ -279,7 +279,7 @@ def test_compiled_anderson_step_equals_the_torch_step(dtype, by_value, gap):
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == F64 else dict(rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(b, a, **tol)
     for name in ("images", "resid", "inner", "best", "top"):  # errors and objectives come from the iterates
-        torch.testing.assert_close(getattr(na, name), getattr(ta, name), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(getattr(na, name), getattr(ta, name), **tol)
     assert torch.equal(na.valid, ta.valid) and torch.equal(na.since, ta.since)
 
 
@@ -476,14 +476,23 @@ def test_compiled_loop_equals_the_torch_loop(dtype, problem, offsets, monkeypatc
                 assert made == 1
             runs.append(res)
         torch_res, compiled_res = runs
-        assert torch.equal(torch.as_tensor(compiled_res.n_iter), torch.as_tensor(torch_res.n_iter)), opts
-        assert compiled_res.passes == torch_res.passes, opts
+        _same_counts(compiled_res, torch_res, dtype, opts)
         for name in ("f", "g", "value", "marginal_error"):
             torch.testing.assert_close(getattr(compiled_res, name), getattr(torch_res, name), **tol)
         if not one and eps < 0.5:
             assert len(set(torch_res.n_iter.tolist())) > 1  # the problems stopped at different updates
         if "max_iter" in opts:
             assert not bool(compiled_res.converged.any())
+
+
+def _same_counts(got, want, dtype, what) -> None:
+    """The compiled and the torch loop take the same updates and passes (measured equal to the last bit); in float32
+    a one-ulp difference of a sum on another CPU may move a problem's stop by one update (and its passes)."""
+    n_got, n_want = torch.as_tensor(got.n_iter), torch.as_tensor(want.n_iter)
+    if dtype == F64:
+        assert torch.equal(n_got, n_want) and got.passes == want.passes, what
+    else:
+        assert (n_got - n_want).abs().max() <= 1 and abs(got.passes - want.passes) <= 4, what
 
 
 @_COMPILED
@@ -570,7 +579,7 @@ def test_compiled_self_transport_loop_equals_the_torch_loop(dtype, reach, monkey
         (v0, g0, n0), (v1, g1, n1) = runs
         torch.testing.assert_close(v1, v0, **tol)
         torch.testing.assert_close(g1, g0, **tol)
-        assert torch.equal(n1, n0)
+        assert torch.equal(n1, n0) if dtype == F64 else (n1 - n0).abs().max() <= 1
     monkeypatch.setattr(geometry, "STORE_SMALL", 0)  # d = 3 < STORE_MIN_D: no stored distances
     monkeypatch.setattr(geometry, "STORE_COLD", 0)
     before = dict(calls)
@@ -640,8 +649,8 @@ def test_stored_distances_change_nothing_but_speed(p, d, monkeypatch):
 
     if not cpu_ops.available():
         pytest.skip("no compiled kernel")
-    gen = torch.Generator().manual_seed(0)
-    x, y = torch.randn(150, d, generator=gen), torch.randn(120, d, generator=gen) + 0.5
+    gen = torch.Generator().manual_seed(0)  # float64: float32 update counts are chaotic under rounding changes
+    x, y = torch.randn(150, d, generator=gen, dtype=F64), torch.randn(120, d, generator=gen, dtype=F64) + 0.5
     seen = []  # False: a streaming pass; True: a pass over stored distances (the compiled solves read them directly)
     softmin, softmin_sq, squared_distances = cpu_ops.softmin, cpu_ops.softmin_sq, cpu_ops.squared_distances
 
