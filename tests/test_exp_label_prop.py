@@ -33,7 +33,9 @@ def test_label_prop_quick(run_quick, seed):
         # the key claim, margins inside what seeds 0 and 1 give (gaps 4-9 points, 18-28 points labelled)
         assert s["accuracy"] >= p["accuracy"] + 0.02
         assert s["labelled_accuracy"] >= p["labelled_accuracy"] + 0.1
-        assert s["outliers_labelled"] == 0.0 and p["outliers_labelled"] >= 0.9   # partial OT labels the outliers
+        # partial OT labels the outliers; SROT hard none of those the detector flags (measured: all flagged, none
+        # labelled; the detection check above allows a tenth unflagged)
+        assert s["outliers_labelled"] <= 0.1 and p["outliers_labelled"] >= 0.9
     assert res["srot_minus_robot_mean_accuracy"] >= 0.02
     assert all(set(c) == {"claim", "passed", "detail"} for c in metrics["claims"])
     claims = {c["claim"]: c["passed"] for c in metrics["claims"]}
