@@ -18,7 +18,8 @@ Run:
   (or a subset), a Markdown table and summary lines (``--md FILE`` writes the table);
 - ``--dropin --n 1000 5000 --d 2 64``: ``SROTLoss()`` against ``geomloss.SamplesLoss()`` (both defaults), loss +
   gradient, values against a float64 solve (``dropin_case``; ``--refs FILE`` keeps those references, which take
-  tens of minutes at n = 5000, so that ``--refs-only`` can compute them apart from the timed run);
+  tens of minutes at n = 5000, so that ``--refs-only`` can compute them apart from the timed run); ``--pot N``
+  adds POT's log-domain Sinkhorn divergence on the same problem at n <= N (``pot_dropin_case``);
 - ``--batch``: B = 64 problems of 256 points, one batched call against a loop and GeomLoss tensorized
   (``batch_case``).
 """
@@ -253,6 +254,34 @@ def dropin_case(n: int, d: int, repeats: int = 2, ref_max_iter: int = REF_MAX_IT
                 time_ratio=t_ours / t_gl)
 
 
+def pot_dropin_case(n: int, d: int, ref: dict, tol: float = 1e-4, max_iter: int = 100_000) -> dict:
+    """POT's route to ``SamplesLoss()``'s value on ``dropin_case``'s problem, float32, loss + gradient w.r.t. x, one
+    timed call: the Sinkhorn divergence from three ``ot.solve`` calls (xy, xx, yy) on ``ot.dist`` cost matrices
+    (|x - y|^2, so reg = 2 eps and the value is halved: the same quantity as SROTLoss's), method 'sinkhorn_log'
+    (plain 'sinkhorn' underflows at this eps), envelope gradients, stopped at POT's ``tol`` (the L2 norm of the
+    second marginal's violation). ``ot.solve_sample(..., debias=True)`` would be the one-call route, but with
+    'sinkhorn_log' it returns no value for the self-transport terms (POT 0.9.7). Relative marginal error (both
+    marginals, L1, as SROTLoss's stopping test) of the xy solve and the value error against ``ref``."""
+    import ot
+
+    x, y = _dropin_data(n, d)
+    eps = 0.05 ** 2
+    xg = x.clone().requires_grad_()
+    t0 = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = [ot.solve(ot.dist(s, t), reg=2 * eps, method="sinkhorn_log", grad="envelope", tol=tol, max_iter=max_iter)
+               for s, t in ((xg, y), (xg, xg), (y, y))]
+        value = (res[0].value - 0.5 * (res[1].value + res[2].value)) / 2
+        value.backward()
+    seconds = time.perf_counter() - t0
+    plan = res[0].plan.detach().double()
+    marg = float(((plan.sum(1) - 1 / n).abs().sum() + (plan.sum(0) - 1 / n).abs().sum()) / 2)
+    v = float(value.detach())
+    return dict(pot_seconds=seconds, pot_value=v, pot_error=_rel(v, ref["ref"]), pot_marginal_error=marg,
+                pot_warned=bool(caught), pot=ot.__version__, pot_tol=tol, pot_max_iter=max_iter)
+
+
 def batch_case(batch: int = 64, n: int = 256, d: int = 2, repeats: int = 3) -> dict:
     """B problems of n points (p = 2, blur 0.05, debias off, float32), loss + gradient: one batched ``SROTLoss``
     call, a Python loop of B calls, and GeomLoss tensorized on the same batch. Interleaved, best of repeats."""
@@ -381,6 +410,8 @@ def main(argv=None) -> int:
     ap.add_argument("--md", help="Markdown file for the table and summary")
     ap.add_argument("--from-json", nargs="+", metavar="FILE", help="no solving: merge these --out files, report")
     ap.add_argument("--dropin", action="store_true", help="SROTLoss() vs SamplesLoss() at each --n x --d instead")
+    ap.add_argument("--pot", type=int, default=0, metavar="N", help="--dropin: also time POT (one call; see "
+                    "pot_dropin_case) at n <= N (minutes at n = 1000: plain log-domain iterations, no eps-scaling)")
     ap.add_argument("--batch", action="store_true", help="the batched solve (B = 64 x 256 points) instead")
     ap.add_argument("--refs", metavar="FILE", help="--dropin: JSON of the float64 reference values by n and d, "
                     "read when it exists, completed and rewritten with those computed (--refs-only: no timing)")
@@ -444,7 +475,13 @@ def _dropin_row(n: int, d: int, args) -> dict:
         if args.refs:
             with open(args.refs, "w") as f:
                 json.dump(refs, f, indent=1)
-    return refs[key] if args.refs_only else dropin_case(n, d, ref_max_iter=args.ref_max_iter, ref=refs[key])
+    if args.refs_only:
+        return refs[key]
+    row = dropin_case(n, d, ref_max_iter=args.ref_max_iter, ref=refs[key])
+    if n <= args.pot:
+        row.update(pot_dropin_case(n, d, refs[key]))
+        row["pot_over_srot"] = row["pot_seconds"] / row["srot_seconds"]
+    return row
 
 
 def _report(rows, md) -> int:
