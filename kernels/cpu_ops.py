@@ -561,7 +561,7 @@ def _loop_fields():
             + [("far_limit", d), ("nthreads", i), ("last", p), ("log_mass", d), ("quit", i), ("eps_list", p),
                ("n_eps", i)]
             + [(name, d) for name in ("scale_tol", "scale_enter", "scale_near")]
-            + [("scale_cap", i), ("need_t", i), ("passes", p)])
+            + [("scale_cap", i), ("need_t", i), ("passes", p), ("span", d), ("wild", d)])
 
 
 class _LoopArgs(ctypes.Structure):
@@ -584,7 +584,8 @@ def alternating_loop(sq_x, sq_y, log_a, log_b, u, v, mass_a, mass_b, state: dict
     float64, done (B,) bool, n_iter (B,) int64, updated in place. ``anderson``: the state of
     :class:`srot_fast._anderson.Anderson` (its fields ``mask``, ``images``, ``resid``, ``inner``, ``valid``,
     ``best``, ``top``, ``low``, ``since``, ``flat``, ``rest``, ``stalls`` (history allocated) and ``slot``,
-    ``by_value``, ``watch``, ``quit``, ``restart_gap``, ``stall``, ``plain_run``, ``far``), updated in place; None:
+    ``by_value``, ``watch``, ``quit``, ``restart_gap``, ``stall``, ``plain_run``, ``far``, and for partial OT
+    ``span``, ``wild``: :meth:`~srot_fast._anderson.Anderson.wild`), updated in place; None:
     plain updates. Partial OT of transported ``mass`` (:class:`srot_fast.geometry.PartialGeometry`, balanced
     penalties) where ``last`` (B, N) is given, the real part of the row soft-min, updated in place: then log_a, f,
     s (B, N + 1) and log_b, g, t (B, M + 1) hold the dummy points too. Returns the (B,) int64 updates each problem
@@ -628,6 +629,8 @@ def alternating_loop(sq_x, sq_y, log_a, log_b, u, v, mass_a, mass_b, state: dict
         args.stall, args.plain_run, args.far_limit = int(anderson["stall"]), int(anderson["plain_run"]), \
             float(anderson["far"])
         args.quit = int(anderson["quit"])
+        span = anderson.get("span")
+        args.span, args.wild = (-1.0, 0.0) if span is None else (float(span), float(anderson["wild"]))
     if scaling is not None:
         eps_list, args.scale_tol, args.scale_cap, args.scale_enter, args.scale_near, need_t, passes = scaling
         _state("alternating_loop: passes", passes, torch.int64, (1,))

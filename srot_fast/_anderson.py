@@ -12,6 +12,7 @@ watch and the test of proposals as calls of its ``track`` and ``replaced``).
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 
@@ -21,6 +22,7 @@ STALL = 100  # updates in which the stopping error did not halve: the problem ha
 PLAIN_RUN = 60  # ... and takes this many plain steps before Anderson goes on
 QUIT = 2  # partial OT: after this many stalls with no halving between them, plain steps to the end
 RESTART_GAP = 2  # partial OT with offsets: a bad step in the RESTART_GAP + 1 updates after a restart keeps the history
+WILD = 100  # partial OT: a proposal whose RMS distance from T(g) exceeds WILD (span + eps) is not taken (:meth:`wild`)
 
 
 def _identity(t: torch.Tensor) -> torch.Tensor:
@@ -84,8 +86,9 @@ class Anderson:
 
     def __init__(self, batch: int, like: torch.Tensor, mask: torch.Tensor, depth: int = DEPTH,
                  rank_sum=_identity, by_value: bool = False, restart_gap: int = 0, watch: bool = True,
-                 quit: int = 0, native: bool = False):
+                 quit: int = 0, native: bool = False, span: Optional[float] = None):
         self.depth = depth
+        self.span = span  # partial OT: a bound on the cost's range (:meth:`wild`); None elsewhere
         self.watch, self.quit = watch, quit
         self.by_value = by_value
         self.restart_gap = restart_gap
@@ -111,7 +114,7 @@ class Anderson:
         """The state of problems ``idx`` (int64 (K,)), for a smaller batch that goes on from here."""
         out = Anderson(int(idx.numel()), self.best, self.mask[idx], depth=self.depth, rank_sum=self.rank_sum,
                        by_value=self.by_value, restart_gap=self.restart_gap, watch=self.watch,
-                       quit=self.quit, native=self.native)
+                       quit=self.quit, native=self.native, span=self.span)
         if self.images is not None:
             out.images, out.resid, out.inner = self.images[idx], self.resid[idx], self.inner[idx]
         out.slot, out.valid, out.best, out.top = self.slot, self.valid[idx], self.best[idx], self.top[idx]
@@ -167,6 +170,20 @@ class Anderson:
         newest[:, (self.slot - 1) % (self.depth + 1)] = True
         self.valid.copy_(torch.where(far[:, None], self.valid & newest, self.valid))
         return far
+
+    def wild(self, g: torch.Tensor, g_hat: torch.Tensor, eps: float) -> torch.Tensor:
+        """(B,) bool: partial OT's proposals ``g`` (B, M) that the loop replaces by T(g) = ``g_hat``: those whose
+        root-mean-square distance from T(g) over the points of positive weight exceeds WILD (span + eps), ``span``
+        bounding the range of the costs (offsets included). Every potential the solve can reach lies within about
+        span + a few eps of T(g) (the loop's rebalancing step fixes the constant shift); a farther proposal comes
+        from an ill-conditioned least-squares solve, and once taken it can leave the real pairs with no mass and the
+        potentials drifting by 1e13, where the rebalanced row error reads 0 (docs/DESIGN.md, Acceleration). No
+        proposal is wild without ``span``."""
+        if self.span is None:
+            return torch.zeros(g.shape[0], dtype=torch.bool, device=g.device)
+        sq = self.rank_sum((self.mask * (g.double() - g_hat.double()) ** 2).sum(-1))
+        count = self.rank_sum(self.mask.sum(-1))
+        return sq > count * (WILD * (self.span + eps)) ** 2
 
     def replaced(self, col: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
         """(B,) bool: the proposals just made that the loop replaces by the plain step T(g): those :meth:`too_far`

@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ._anderson import FAR, PLAIN_RUN, QUIT, RESTART_GAP, STALL, Anderson, Plain, _cpu_ops, _identity
+from ._anderson import FAR, PLAIN_RUN, QUIT, RESTART_GAP, STALL, WILD, Anderson, Plain, _cpu_ops, _identity
 from .geometry import compiled_library
 from .penalties import Penalty
 
@@ -405,8 +405,9 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
             g = torch.where(far[:, None], g_hat, g)
             col = torch.where(far, torch.zeros_like(col), col)
         else:  # g = T(g) (or frozen): exact columns; partial OT reads its rows only
-            if stepper.proposes:  # partial OT after a stall: T(g)
-                g = torch.where(stepper.resting[:, None] & ~done[:, None], g_hat, g)
+            if stepper.proposes:  # partial OT after a stall, or a wild proposal: T(g)
+                plain = stepper.resting | stepper.wild(g, g_hat, eps)
+                g = torch.where(plain[:, None] & ~done[:, None], g_hat, g)
             col = torch.zeros_like(col) if idle else torch.where(done, col, torch.zeros_like(col))
         s = geom.softmin_x(log_b + g / eps, eps)
         if rebalance is not None:
@@ -445,7 +446,25 @@ def _stepper(geom, log_b, pen_a, pen_b, f, accelerate: bool, native: bool):
     gap = RESTART_GAP if rebalance is not None and offsets else 0
     partial = rebalance is not None  # stall watch: rests on balanced OT, quitting on partial OT
     return Anderson(f.shape[0], f, mask, rank_sum=_rank_sum(geom), by_value=by_value, restart_gap=gap,
-                    watch=not (partial or by_value), quit=QUIT if partial else 0, native=native)
+                    watch=not (partial or by_value), quit=QUIT if partial else 0, native=native,
+                    span=_span(real) if partial else None)
+
+
+def _span(geom) -> float:
+    """A bound on the range of the costs C(x_i, y_j) + u_i + v_j of a geometry's problems (one float for the
+    batch, agreed over the ranks of a sharded geometry): the diagonal of the bounding box of all its points to the
+    power p, plus the largest |u| and |v|."""
+    d = geom.x.shape[-1]
+    pts = torch.cat([geom.x.reshape(-1, d), geom.y.reshape(-1, d)]).double()
+    none = pts.new_full((d,), -math.inf)
+    ext = [pts.amax(0) if len(pts) else none, -pts.amin(0) if len(pts) else none]
+    ext += [t.abs().amax().double().reshape(1) if t is not None and t.numel() else pts.new_zeros(1)
+            for t in (geom.u, geom.v)]
+    ext = torch.cat(ext)
+    if getattr(geom, "comm", None) is not None:  # the same bound on every rank
+        ext = geom.comm.max(ext)
+    diam = float((ext[:d] + ext[d:2 * d]).clamp_min(0).norm())
+    return diam ** geom.p + float(ext[2 * d:].sum())
 
 
 def _anderson_state(stepper, g) -> Optional[dict]:
@@ -457,7 +476,7 @@ def _anderson_state(stepper, g) -> Optional[dict]:
     state = {name: getattr(stepper, name) for name in (
         "mask", "images", "resid", "inner", "valid", "best", "top", "low", "since", "flat", "rest", "stalls", "slot",
         "by_value", "watch", "quit", "restart_gap")}
-    state.update(stall=STALL, plain_run=PLAIN_RUN, far=FAR)
+    state.update(stall=STALL, plain_run=PLAIN_RUN, far=FAR, span=stepper.span, wild=WILD)
     return state
 
 

@@ -172,12 +172,33 @@ def _check_balance(mass_a, mass_b, in_dtype) -> None:
                          f"{float(mass_b[k]):.6g}; normalise them or use penalty='kl'/'tv' with a finite tau")
 
 
+UNRESOLVED = 0.1  # a rounding unit of the potentials above this many eps: the plan and its errors are not resolved
+
+
 def _check_solution(sol: _loop.Solution, inp: _Inputs, eps: float) -> None:
+    """Non-finite potentials raise; a problem not converged to ``tol`` gets a ConvergenceWarning. So does one whose
+    potentials are so large that a rounding unit of them exceeds UNRESOLVED eps (partial OT whose potentials
+    drifted, float32 at a tiny eps): its plan entries exp((f + g - C) / eps) and the marginal error computed from
+    them are then off by 10 % or more (the error may read 0), and it is marked not converged."""
     finite = torch.isfinite(sol.f).all() & torch.isfinite(sol.g).all() & torch.isfinite(sol.marginal_error).all()
-    if not bool(finite):  # one host sync
+    size = torch.maximum(sol.f.abs().amax(-1), sol.g.abs().amax(-1)) if sol.f.shape[-1] and sol.g.shape[-1] else None
+    unresolved = (size is not None and inp.tol is not None) and size * torch.finfo(inp.cdt).eps > UNRESOLVED * eps
+    flags = torch.stack([finite, unresolved.any()]) if torch.is_tensor(unresolved) else finite[None]
+    flags = flags.tolist()  # one host sync
+    if not flags[0]:
         raise FloatingPointError(
             "Sinkhorn produced non-finite potentials; eps may be too small for this dtype "
             "(try float64 or a larger blur)")
+    if len(flags) > 1 and flags[1]:
+        sol.converged = sol.converged & ~unresolved
+        k = int(torch.where(unresolved, size, -math.inf).argmax())
+        name = str(inp.cdt).replace("torch.", "")
+        warnings.warn(f"Sinkhorn's potentials reached {float(size[k]):.3g}, where one rounding unit of {name} is "
+                      f"{float(size[k]) * torch.finfo(inp.cdt).eps / eps:.2g} eps (eps={eps:g}): the plan and the "
+                      f"marginal error are not resolved, so the result is marked not converged; solve in float64 "
+                      f"(float32 input), with a larger eps (blur), or with accelerate=False", ConvergenceWarning,
+                      stacklevel=4)
+        return
     if inp.tol is not None and not bool(sol.converged.all()):
         k = int(torch.where(sol.converged, -math.inf, sol.marginal_error).argmax())  # the worst problem
         a, b = inp.a[k].detach().double(), inp.b[k].detach().double()
@@ -352,7 +373,7 @@ def sinkhorn(
         backend: 'auto' | 'tensorized' | 'cpu' | 'keops' | 'triton' | 'blocksparse' (see srot_fast.backends;
             SROTLoss's 'online' alias is not taken here).
         init: optional warm start (f0, g0) shaped like the potentials, e.g. those of a previous, nearby
-            problem (gradient flows); skips eps-scaling.
+            problem (gradient flows); skips eps-scaling (with ``tol=None``: a single update at eps).
         accelerate: safeguarded Anderson acceleration of the updates (see
             srot_fast._loop); False gives plain alternating Sinkhorn updates.
         check_every: updates between two host checks of the stopping test (default: every update on

@@ -1442,3 +1442,65 @@ def test_a_warm_start_at_a_solution_stops_at_the_first_look(accelerate):
     assert int(res.n_iter) == 0 and res.converged
     assert res.marginal_error == pytest.approx(gap, rel=1e-6, abs=1e-14)
     assert gap <= 1e-6
+
+
+def _drifting_partial():
+    """A small partial OT problem with large cost offsets (float64), on which Anderson's least squares proposed a
+    step of 1e13 after 30 updates (from a user's report)."""
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(5, 2, generator=gen, dtype=F64)
+    y = torch.randn(15, 2, generator=gen, dtype=F64) + 0.5
+    u, v = 1 / torch.rand(5, generator=gen, dtype=F64), 1 / torch.rand(15, generator=gen, dtype=F64)
+    return x, y, dict(u=u, v=v, p=2, eps=0.05 ** 2, mass=0.6)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "tensorized"])
+def test_partial_ot_takes_no_wild_proposal(backend):
+    """Partial OT replaces a proposal farther than Anderson.wild's bound from T(g) by T(g): the potentials stay at
+    the scale of the costs (a taken step of 1e13 left the real pairs without mass for good); the compiled loop
+    (cpu) and the torch loop (tensorized) alike."""
+    x, y, kw = _drifting_partial()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        res = sinkhorn(x, y, backend=backend, max_iter=40, **kw)
+    assert max(float(res.f.abs().max()), float(res.g.abs().max())) < 1e3
+    assert float(res.plan().sum()) == pytest.approx(0.6, abs=1e-9)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "tensorized"])
+@pytest.mark.parametrize("max_iter", [1000, 20000])
+def test_a_result_that_cannot_be_resolved_is_not_converged(backend, max_iter):
+    """A solve whose potentials drifted so far that a rounding unit of them exceeds a tenth of eps (there the
+    marginal error read 0 while the plan carried no mass) is reported not converged, with a ConvergenceWarning;
+    a result reported converged has the value of a plain solve (2.6182 after 20000 plain updates) and its mass."""
+    x, y, kw = _drifting_partial()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = sinkhorn(x, y, backend=backend, max_iter=max_iter, **kw)
+    warned = any(issubclass(w.category, ConvergenceWarning) for w in caught)
+    assert warned == (not res.converged)
+    if res.converged:
+        assert float(res.value) == pytest.approx(2.6182, rel=1e-3)
+        assert float(res.plan().sum()) == pytest.approx(0.6, abs=1e-6)
+
+
+def test_float32_potentials_too_large_to_resolve_warn():
+    """Soft SROT partial OT in float32 whose potentials reached 1.5e4 at eps = 0.0025 (a rounding unit of 0.7 eps):
+    the plan's mass was 0.61 against 0.9 while the error read 0. Not converged, with a warning naming float32; the
+    float64 solve of the same data converges to mass 0.9."""
+    gen = torch.Generator().manual_seed(34)
+    n, m = int(torch.randint(5, 80, (1,), generator=gen)), int(torch.randint(5, 80, (1,), generator=gen))
+    x, y = torch.randn(n, 2, generator=gen), torch.randn(m, 2, generator=gen) + 1
+    scores = (torch.rand(n, generator=gen), torch.rand(m, generator=gen))
+    for dtype in (torch.float32, F64):
+        loss = SROTLoss(strategy="soft", mass=0.9, debias=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loss(x.to(dtype), y.to(dtype), scores=scores)
+        res = loss.last_result
+        messages = [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)]
+        if res.converged:
+            assert not messages and float(res.plan().sum()) == pytest.approx(0.9, abs=1e-2), dtype
+        else:
+            assert dtype == torch.float32 and any("not resolved" in msg for msg in messages), messages
+    assert res.converged  # float64

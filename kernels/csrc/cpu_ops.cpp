@@ -1359,6 +1359,9 @@ struct LoopArgs {
   double scale_tol, scale_enter, scale_near;
   int64_t scale_cap, need_t;
   int64_t* passes;
+  // partial OT: a proposal farther than wild (span + eps) (root mean square over the mask) from T(g) takes T(g)
+  // (Anderson.wild); span < 0: none
+  double span, wild;
 };
 
 // Penalty.aprox (srot_fast/penalties.py) in the dtype: s (balanced), s * tau / (tau + eps) (KL), clamp(s, -tau, tau)
@@ -1590,7 +1593,18 @@ template <typename T> void partial_problem(const LoopArgs& A, int64_t b, int nth
                        A.resid + b * k1 * m, A.inner + b * k1 * k1, A.valid + b * k1, A.best + b, A.top + b,
                        A.since + b, 1, k1, m, w, A.gap, gnew.data());
       const bool resting = A.rest[b] > 0 || (A.quit > 0 && A.stalls[b] >= A.quit);
-      std::memcpy(g, resting ? t : gnew.data(), sizeof(T) * m);
+      bool wild = false;
+      if (A.span >= 0) {  // Anderson.wild: the same sums in float64
+        const double* mask = A.mask + b * m;
+        double sq = 0.0, count = 0.0, lim = A.wild * (A.span + eps);
+        for (int64_t j = 0; j < m; ++j) {
+          const double d = double(gnew[j]) - double(t[j]);
+          sq += mask[j] * d * d;
+          count += mask[j];
+        }
+        wild = sq > count * lim * lim;
+      }
+      std::memcpy(g, resting || wild ? t : gnew.data(), sizeof(T) * m);
     } else {
       std::memcpy(g, t, sizeof(T) * m);
     }
