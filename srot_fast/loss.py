@@ -83,7 +83,9 @@ class SROTLoss(nn.Module):
         warm_start: start each call's solves (the transport and, with ``debias``, the two debiasing terms) from
             the previous call's potentials when the shapes match (gradient flows, where consecutive problems are
             close); skips eps-scaling. Call ``reset()`` to forget them. Off by default (unrelated batches gain
-            nothing).
+            nothing). With ``tol=None`` the fixed schedule without eps-scaling is one update per call, at the
+            target eps: the value then lags the problem (2 % on a slowly moving flow); pair warm starts with a
+            tolerance.
         precision, autotune: the Triton backend's ``tl.dot`` precision ('tf32x3', 'ieee' or 'tf32'; None:
             ``SROT_TRITON_DOT_PRECISION``, else 'tf32x3') and block-size autotuning (None:
             ``SROT_TRITON_AUTOTUNE``), as in :func:`srot_fast.sinkhorn`. The other backends ignore them
@@ -309,6 +311,10 @@ class SROTLoss(nn.Module):
             if pairs:
                 u = torch.stack([o for o, _ in pairs]).to(_compute(x.dtype))
                 v = torch.stack([o for _, o in pairs]).to(_compute(y.dtype))
+                if not bool(torch.isfinite(u).all() & torch.isfinite(v).all()):  # the solve would blame u, v
+                    raise ValueError(f"the soft SROT offsets gamma / CE overflow {_compute(x.dtype)}: gamma "
+                                     f"(largest {float(gam.max()):.3g}) / ce_floor ({self.ce_floor:g}) is too large; "
+                                     f"lower gamma or raise ce_floor")
             else:
                 u, v = x.new_zeros(x.shape[:-1]), y.new_zeros(y.shape[:-1])
         diam = self.diameter

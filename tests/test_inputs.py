@@ -448,3 +448,14 @@ def test_srotloss_under_cpu_autocast_bfloat16(backend):
     assert abs(value - float(want)) <= 2**-7 * abs(float(want))
     assert abs(value - v32) <= 2e-2 * abs(v32)
     assert torch.isfinite(g16).all() and float((g16.float() - g32).abs().max()) <= 5e-2 * float(g32.abs().max())
+
+
+@pytest.mark.parametrize("kw,scores", [(dict(gamma=1e38), "random"), (dict(ce_floor=1e-300), "certain")])
+def test_soft_offsets_that_overflow_name_gamma_and_ce_floor(kw, scores):
+    """Soft SROT offsets gamma / CE beyond float32 are refused naming gamma and ce_floor (the user passed no u, v)."""
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(10, 2, generator=gen), torch.randn(12, 2, generator=gen)
+    sc = (torch.rand(10, generator=gen), torch.rand(12, generator=gen)) if scores == "random" else \
+        (torch.ones(10), torch.zeros(12))
+    with pytest.raises(ValueError, match="gamma.*ce_floor"):
+        SROTLoss(strategy="soft", reach=1.0, debias=False, **kw)(x, y, scores=sc)
