@@ -623,14 +623,15 @@ def alternating_loop(sq_x, sq_y, log_a, log_b, u, v, mass_a, mass_b, state: dict
     args.enter_tol = -1.0 if enter_tol is None else float(enter_tol)
     args.translate, args.accelerate = int(translate), int(anderson is not None)
     args.log_mass = math.log(mass)
+    args.span, args.wild = -1.0, 0.0  # no wild-proposal test unless partial OT's Anderson state sets one
     if anderson is not None:
         args.by_value, args.watch, args.k1 = int(anderson["by_value"]), int(anderson["watch"]), k1
         args.slot, args.gap = int(anderson["slot"]), int(anderson["restart_gap"])
         args.stall, args.plain_run, args.far_limit = int(anderson["stall"]), int(anderson["plain_run"]), \
             float(anderson["far"])
         args.quit = int(anderson["quit"])
-        span = anderson.get("span")
-        args.span, args.wild = (-1.0, 0.0) if span is None else (float(span), float(anderson["wild"]))
+        if anderson.get("span") is not None:
+            args.span, args.wild = float(anderson["span"]), float(anderson["wild"])
     if scaling is not None:
         eps_list, args.scale_tol, args.scale_cap, args.scale_enter, args.scale_near, need_t, passes = scaling
         _state("alternating_loop: passes", passes, torch.int64, (1,))
