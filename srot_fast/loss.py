@@ -311,7 +311,7 @@ class SROTLoss(nn.Module):
             if pairs:
                 u = torch.stack([o for o, _ in pairs]).to(_compute(x.dtype))
                 v = torch.stack([o for _, o in pairs]).to(_compute(y.dtype))
-                if not bool(torch.isfinite(u).all() & torch.isfinite(v).all()):  # the solve would blame u, v
+                if not bool(torch.isfinite(u).all() & torch.isfinite(v).all()):  # the solves take them as checked
                     raise ValueError(f"the soft SROT offsets gamma / CE overflow {_compute(x.dtype)}: gamma "
                                      f"(largest {float(gam.max()):.3g}) / ce_floor ({self.ce_floor:g}) is too large; "
                                      f"lower gamma or raise ce_floor")

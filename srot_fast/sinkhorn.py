@@ -113,7 +113,8 @@ def _check_inputs(x, y, a, b, u, v, *, p, eps, backend, precision, autotune, sca
     """Every check of :func:`sinkhorn`'s arguments but the scalars p and eps (already checked; they help
     ``backend="auto"`` choose), in the order the errors show; unbatched inputs get a leading batch dimension of 1.
     ``checked=True``: the caller has passed x, y, a, b (tensors) through check_points, check_pair and
-    check_weights already (SROTLoss, whose three solves share them), and those checks are skipped."""
+    check_weights already and made u, v finite offsets of the compute dtype (SROTLoss, whose three solves share
+    them), and those checks are skipped."""
     batched = torch.is_tensor(x) and x.dim() == 3
     if not checked:
         x = _checks.check_points(x, "x", batched=True)
@@ -121,9 +122,9 @@ def _check_inputs(x, y, a, b, u, v, *, p, eps, backend, precision, autotune, sca
         _checks.check_pair(x, y)
         a = _checks.check_weights(a, x, "a")
         b = _checks.check_weights(b, y, "b")
+        u = _checks.check_offsets(u, x, "u")
+        v = _checks.check_offsets(v, y, "v")
     in_dtype = x.dtype
-    u = _checks.check_offsets(u, x, "u")
-    v = _checks.check_offsets(v, y, "v")
     name = resolve_backend(backend, x.shape[-2], y.shape[-2], x.device, points=(x, y), eps=eps, p=p)
     options = kernel_options(name, precision, autotune)
     x, y = _checks.compute_dtype(x, y, keep_half=name == "triton")  # Triton loads half points as they are
@@ -181,15 +182,14 @@ def _check_solution(sol: _loop.Solution, inp: _Inputs, eps: float) -> None:
     drifted, float32 at a tiny eps): its plan entries exp((f + g - C) / eps) and the marginal error computed from
     them are then off by 10 % or more (the error may read 0), and it is marked not converged."""
     finite = torch.isfinite(sol.f).all() & torch.isfinite(sol.g).all() & torch.isfinite(sol.marginal_error).all()
-    size = torch.maximum(sol.f.abs().amax(-1), sol.g.abs().amax(-1)) if sol.f.shape[-1] and sol.g.shape[-1] else None
-    unresolved = (size is not None and inp.tol is not None) and size * torch.finfo(inp.cdt).eps > UNRESOLVED * eps
-    flags = torch.stack([finite, unresolved.any()]) if torch.is_tensor(unresolved) else finite[None]
-    flags = flags.tolist()  # one host sync
-    if not flags[0]:
+    size = torch.maximum(sol.f.abs().amax(-1), sol.g.abs().amax(-1))  # (B,); no side is empty here
+    unresolved = (size * torch.finfo(inp.cdt).eps > UNRESOLVED * eps) & (inp.tol is not None)
+    is_finite, any_unresolved = torch.stack([finite, unresolved.any()]).tolist()  # one host sync
+    if not is_finite:
         raise FloatingPointError(
             "Sinkhorn produced non-finite potentials; eps may be too small for this dtype "
             "(try float64 or a larger blur)")
-    if len(flags) > 1 and flags[1]:
+    if any_unresolved:
         sol.converged = sol.converged & ~unresolved
         k = int(torch.where(unresolved, size, -math.inf).argmax())
         name = str(inp.cdt).replace("torch.", "")
