@@ -178,12 +178,13 @@ class Anderson:
         span + a few eps of T(g) (the loop's rebalancing step fixes the constant shift); a farther proposal comes
         from an ill-conditioned least-squares solve, and once taken it can leave the real pairs with no mass and the
         potentials drifting by 1e13, where the rebalanced row error reads 0 (docs/DESIGN.md, Acceleration). No
-        proposal is wild without ``span``."""
+        proposal is wild without ``span``. A distance that overflows (or is NaN) is wild."""
         if self.span is None:
             return torch.zeros(g.shape[0], dtype=torch.bool, device=g.device)
-        sq = self.rank_sum((self.mask * (g.double() - g_hat.double()) ** 2).sum(-1))
+        sq = torch.where(self.mask > 0, (g.double() - g_hat.double()) ** 2, 0.0)  # (the dummy may be +-inf)
+        sq = self.rank_sum(sq.sum(-1))
         count = self.rank_sum(self.mask.sum(-1))
-        return sq > count * (WILD * (self.span + eps)) ** 2
+        return ~(sq <= count * (WILD * (self.span + eps)) ** 2)
 
     def replaced(self, col: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
         """(B,) bool: the proposals just made that the loop replaces by the plain step T(g): those :meth:`too_far`

@@ -1504,3 +1504,19 @@ def test_float32_potentials_too_large_to_resolve_warn():
         else:
             assert dtype == torch.float32 and any("not resolved" in msg for msg in messages), messages
     assert res.converged  # float64
+
+
+def test_a_proposal_that_overflows_is_wild():
+    """Anderson.wild sums squared distances over the points of positive weight: a dummy entry of +-inf (weight 0 in
+    the least squares) once made the sum NaN and the test pass an overflowing proposal (1e281, float64; a first
+    version of the re-centring then turned it into zero potentials reported converged). Overflow and NaN are wild."""
+    from srot_fast._anderson import Anderson
+
+    g_hat = torch.zeros(3, 4, dtype=F64)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]] * 3, dtype=F64)
+    stepper = Anderson(3, g_hat, mask, span=1.0)
+    g = torch.tensor([[1e200, 0.0, 0.0, math.inf],   # one entry's square overflows, the dummy is infinite
+                      [0.0, 0.0, math.nan, 0.0],     # NaN
+                      [0.5, -0.5, 0.0, math.inf]], dtype=F64)  # near T(g): an infinite dummy alone is no test
+    assert stepper.wild(g, g_hat, 0.01).tolist() == [True, True, False]
+

@@ -1598,11 +1598,12 @@ template <typename T> void partial_problem(const LoopArgs& A, int64_t b, int nth
         const double* mask = A.mask + b * m;
         double sq = 0.0, count = 0.0, lim = A.wild * (A.span + eps);
         for (int64_t j = 0; j < m; ++j) {
+          if (mask[j] == 0) continue;  // (the dummy's proposal may be +-inf)
           const double d = double(gnew[j]) - double(t[j]);
           sq += mask[j] * d * d;
           count += mask[j];
         }
-        wild = sq > count * lim * lim;
+        wild = !(sq <= count * lim * lim);  // an overflow or NaN is wild
       }
       std::memcpy(g, resting || wild ? t : gnew.data(), sizeof(T) * m);
     } else {
