@@ -12,9 +12,9 @@ g -> A_b(S_y(A_a(S_x(g))))). An accelerated g is not the exact column update, so
 column marginal's error to the row one (from the column pass just run; at the first look, before any update,
 from one extra column pass). A problem whose error stalls takes plain steps for a while (partial OT: after a
 second stall, to the end; ``Anderson.track``).
-For partial OT (dummy points) each update ends with the geometry's exact rebalancing step, and the stopping
-test reads the rows of its augmented problem; for KL penalties with the exact step along (f + c, g - c)
-(:func:`kl_translation`).
+For partial OT (dummy points) each update ends with the geometry's exact rebalancing step (accelerated: then
+:func:`recentre`), and the stopping test reads the rows of its augmented problem; for KL penalties with the exact
+step along (f + c, g - c) (:func:`kl_translation`).
 On CPU with the compiled library, where the geometry keeps its squared distances (small problems, or D >= 8:
 ``Geometry._stored``), the loop at the target eps -- every look and update until the problem is done -- runs as
 one call of ``cpu_ops.alternating_loop`` (``symmetric_loop`` for self-transport), each problem on its own
@@ -69,6 +69,12 @@ def _rank_sum(geom):
     (its ``comm``, or that of the geometry a partial one wraps; srot_fast.distributed), the identity otherwise."""
     comm = getattr(geom, "comm", None) or getattr(getattr(geom, "real", None), "comm", None)
     return comm.sum if comm is not None else _identity
+
+
+def _rank_max(geom):
+    """Maximum over the ranks of a sharded geometry (or of the one a partial geometry wraps), else the identity."""
+    comm = getattr(geom, "comm", None) or getattr(getattr(geom, "real", None), "comm", None)
+    return comm.max if comm is not None else _identity
 
 
 def _point_sum(geom):
@@ -412,6 +418,8 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         s = geom.softmin_x(log_b + g / eps, eps)
         if rebalance is not None:
             f, g, s = rebalance(f, g, log_b, eps, log_a)
+            if stepper.proposes:
+                f, g, s, t = recentre(geom, stepper, log_a, f, g, s, t, done, _rank_max(geom))
         elif translate:  # the soft-mins shift with the potentials (S_x(g - c) = S_x(g) + c): no pass
             c = kl_translation(pen_a, pen_b, log_a, f, log_b, g, psum, native)
             c = torch.where(done, 0.0, c).to(f.dtype)[:, None]
@@ -448,6 +456,35 @@ def _stepper(geom, log_b, pen_a, pen_b, f, accelerate: bool, native: bool):
     return Anderson(f.shape[0], f, mask, rank_sum=_rank_sum(geom), by_value=by_value, restart_gap=gap,
                     watch=not (partial or by_value), quit=QUIT if partial else 0, native=native,
                     span=_span(real) if partial else None)
+
+
+def recentre(geom, stepper, log_a, f, g, s, t, done, rank_max=_identity):
+    """Partial OT, accelerated: (f, g, s, t) moved along the direction the augmented problem leaves free.
+
+    The augmented problem is balanced, so (f + k, g - k) is the same solution for any constant k, and Anderson's
+    extrapolation can walk the iterate along that direction for thousands of updates. In float32 the potentials
+    then outgrow the precision that resolves eps: the plan's mass goes off by percents while the rebalanced rows
+    still read exact (docs/DESIGN.md, Acceleration). After each update, every potential moves by k = (mid g -
+    mid f) / 2, mid the midpoint of the range over the real points of positive weight: f, the row soft-min s and
+    the rebalancing step's real row soft-min by +k, g, the column soft-min t and Anderson's images T(g_i) by -k --
+    the same iteration in exact arithmetic, no pass. (A range, not a mean: maxima round the same in any order, so
+    the compiled loop shifts by the same k.) f, s (B, N); g, t (B, M) (t may be None); problems ``done`` (B,)
+    stay where they are; ``rank_max`` takes the maximum over the ranks of a sharded geometry."""
+    mask_a, mask_b = log_a[:, :-1] > -math.inf, stepper.mask > 0  # (the dummy points left out)
+    none = f.new_full((f.shape[0], 1), -math.inf, dtype=torch.float64)  # (a rank may hold no point)
+
+    def top(v, mask):  # (B,) the largest entry of v where mask, -inf where none
+        return torch.cat([none, torch.where(mask, v, -math.inf)], -1).amax(-1)
+
+    fr, gd = f[:, :-1].double(), g.double()
+    ext = rank_max(torch.stack([top(fr, mask_a), top(-fr, mask_a), top(gd, mask_b), top(-gd, mask_b)], -1))
+    k = 0.25 * ((ext[:, 2] - ext[:, 3]) - (ext[:, 0] - ext[:, 1]))
+    k = torch.where(torch.isfinite(k) & ~done, k, 0.0).to(f.dtype)  # (B,)
+    if stepper.images is not None:
+        stepper.images -= k.double()[:, None, None]
+    geom.shift_last(k)
+    k = k[:, None]
+    return f + k, g - k, s + k, None if t is None else t - k
 
 
 def _span(geom) -> float:

@@ -196,6 +196,11 @@ class PartialGeometry:
         rows = -eps * torch.logaddexp(-real / eps, h[:, -1:])              # + dummy column at cost 0
         return torch.cat([rows, self._dummy_softmin(h, eps)], -1)
 
+    def shift_last(self, k: torch.Tensor) -> None:
+        """The real part of the last row soft-min moved by k (B,), as the potentials of the columns moved by -k."""
+        if self._last_real is not None:
+            self._last_real = self._last_real + k[:, None].to(self._last_real.dtype)
+
     def softmin_x(self, h: torch.Tensor, eps: float) -> torch.Tensor:
         real = self.real.softmin_x(h[:, :-1], eps)  # real rows vs real columns
         self._last_real = real

@@ -1563,6 +1563,27 @@ template <typename T> void loop_problem(const LoopArgs& A, int64_t b, int nthrea
   finish(A, b, col, err, done, k);
 }
 
+// recentre (srot_fast/_loop.py, its torch reference): k = ((max g + min g) - (max f + min f)) / 4 over the real
+// points of positive weight (la > -inf; mask), then f, s (nr + 1), last (nr) += k and g, t, the nk images (m
+// each) -= k; no shift where k is not finite
+template <typename T>
+void recentre(const T* la, const double* mask, int64_t nr, int64_t m, double* images, int64_t nk, T* f, T* g, T* s,
+              T* t, T* last) {
+  const double inf = std::numeric_limits<double>::infinity();
+  double f_hi = -inf, f_lo = inf, g_hi = -inf, g_lo = inf;
+  for (int64_t i = 0; i < nr; ++i)
+    if (double(la[i]) > -inf) f_hi = nan_max(f_hi, double(f[i])), f_lo = -nan_max(-f_lo, -double(f[i]));
+  for (int64_t j = 0; j < m; ++j)
+    if (mask[j] > 0) g_hi = nan_max(g_hi, double(g[j])), g_lo = -nan_max(-g_lo, -double(g[j]));
+  const double kd = 0.25 * ((g_hi + g_lo) - (f_hi + f_lo));
+  if (!std::isfinite(kd)) return;
+  const T k = T(kd);
+  for (int64_t i = 0; i <= nr; ++i) f[i] += k, s[i] += k;
+  for (int64_t i = 0; i < nr; ++i) last[i] += k;
+  for (int64_t j = 0; j < m; ++j) g[j] -= k, t[j] -= k;
+  for (int64_t j = 0; j < nk * m; ++j) images[j] -= double(k);
+}
+
 // The loop of partial OT over its dummy points (srot_fast/_loop.py, alternating with a PartialGeometry, its torch
 // reference): as loop_problem with balanced penalties, but each soft-min is the real pass followed by the dummy
 // points' closed forms (partial_augment), the row pass is followed by the rebalancing step (partial_rebalance,
@@ -1612,6 +1633,7 @@ template <typename T> void partial_problem(const LoopArgs& A, int64_t b, int nth
     col = 0.0;
     pass<T>(sqx, lb, g, v, u, nr, mr, int(A.p), eps, hp.data(), last, nthreads);
     partial_rebalance<T>(f, g, last, la, lb, 1, nr, mr, eps, A.log_mass, f, g, last, s);
+    if (A.accelerate) recentre<T>(la, A.mask + b * m, nr, m, A.images + b * k1 * m, k1, f, g, s, t, last);
     ++k;
   }
   finish(A, b, col, err, done, k);
