@@ -209,7 +209,7 @@ class _Training:
             if self._on_epoch is not None:     # private hook (diagnostics, benchmarks): f(detector)
                 self._on_epoch(self)
             if self.early_stopping is not None:
-                if self.history_[-1] < best - _EARLY_STOP_RTOL * abs(best):
+                if best == math.inf or self.history_[-1] < best - _EARLY_STOP_RTOL * abs(best):  # (inf - inf: NaN)
                     best, stale = self.history_[-1], 0
                 else:
                     stale += 1

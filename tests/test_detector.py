@@ -1,6 +1,7 @@
 """OutlierDetector (paper §3): VAT detection of type-II outliers on the paper's 2-D data, the CE-only
 baseline (which misses them), determinism, errors, and the hard weights / soft offsets built from its scores."""
 import functools
+import math
 
 import pytest
 import torch
@@ -514,6 +515,12 @@ def test_power_and_early_stopping():
         OutlierDetector(early_stopping=0)
     det = OutlierDetector(epochs=300, early_stopping=3, progress=False).fit(d.x, d.y)
     assert 3 <= det.n_epochs_ < 300 and len(det.history_) == det.n_epochs_
+    # it stops after 3 epochs in a row without a 0.1 % gain on the best loss so far, the first epoch setting the
+    # best (a best of inf once made every epoch stale: the run always stopped after exactly `patience` epochs)
+    best, stale = math.inf, 0
+    for loss in det.history_:
+        best, stale = (loss, 0) if loss < best * (1 - 1e-3) else (best, stale + 1)
+    assert det.n_epochs_ > 3 and stale == 3
     assert OutlierDetector(epochs=4, progress=False).fit(d.x, d.y).n_epochs_ == 4
 
 
