@@ -19,7 +19,7 @@ from .backends import BACKENDS, available_backends, get_ops, resolve_backend
 from .geometry import Geometry, bbox_diameter
 from .kernels.triton.options import check_autotune, check_precision, kernel_options
 from .sinkhorn import SinkhornResult, _solve
-from .weights import hard_weights, soft_offsets
+from .weights import _hard_weights, soft_offsets
 
 __all__ = ["SROTLoss"]
 
@@ -301,7 +301,7 @@ class SROTLoss(nn.Module):
         ``batched=False`` (B = 1) the solve and the outputs drop the batch dimension."""
         u = v = None
         if self.strategy == "hard":
-            pairs = [hard_weights(a[k], s_x[k].to(a.dtype), b[k], s_y[k].to(b.dtype)) for k in range(a.shape[0])]
+            pairs = [_hard_weights(a[k], s_x[k], b[k], s_y[k]) for k in range(a.shape[0])]  # float64 scores
             if pairs:  # rescaled weights: checked again (the solves take them as checked)
                 a = _checks.check_weights(torch.stack([w for w, _ in pairs]), x, "a (after the hard SROT reweighting)")
                 b = _checks.check_weights(torch.stack([w for _, w in pairs]), y, "b (after the hard SROT reweighting)")

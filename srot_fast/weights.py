@@ -40,8 +40,17 @@ def hard_weights(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Hard SROT weights (a', b'): outliers' weights set to 0, the rest rescaled to the same mass.
 
-    Raises ValueError when every point of one side is flagged.
+    Args: a (N,), b (M,) weights (finite, non-negative, a positive total); s_x (N,), s_y (M,) scores, thresholded
+    as given (in their own dtype). Raises ValueError for weights that are not, or when every point of one side is
+    flagged.
     """
+    a = _checks.check_weights(a, a[..., None], "a")  # (like: one "point" of dimension 1 per weight)
+    b = _checks.check_weights(b, b[..., None], "b")
+    return _hard_weights(a, s_x, b, s_y)
+
+
+def _hard_weights(a, s_x, b, s_y) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`hard_weights` for weights already checked (SROTLoss checks them once for the batch)."""
     out_x, out_y = outlier_masks(s_x, s_y)
     if out_x.shape != a.shape:
         raise ValueError(f"s_x has shape {tuple(out_x.shape)} but a has shape {tuple(a.shape)}")

@@ -726,3 +726,26 @@ def test_vat_detects_mnist_in_digits():
     print(f"\n[digits+10%MNIST] VAT: outliers found {found}/{n_out}, clean flagged {false}/{n_clean}")
     assert found >= 0.9 * n_out
     assert false <= 0.05 * n_clean
+
+
+def test_hard_weights_check_the_weights_and_threshold_scores_as_given():
+    """srot_fast.hard_weights names a bad weight argument (negative weights were returned as they were; NaN ones
+    read as "the detector flags every point"), and SROTLoss's hard strategy thresholds the float64 scores before
+    any cast: a score of 0.50000001 drops its source point with float32 points (rounded to float32 it read 0.5,
+    kept)."""
+    from srot_fast import SROTLoss, hard_weights
+
+    s_x, s_y, b = torch.tensor([0.1, 0.1, 0.1]), torch.tensor([0.9, 0.9]), torch.ones(2) / 2
+    with pytest.raises(ValueError, match="a has negative weights"):
+        hard_weights(torch.tensor([-0.1, 0.6, 0.5]), s_x, b, s_y)
+    with pytest.raises(ValueError, match="a contains NaN"):
+        hard_weights(torch.tensor([float("nan"), 0.6, 0.5]), s_x, b, s_y)
+    with pytest.raises(ValueError, match="b has zero total mass"):
+        hard_weights(torch.ones(3) / 3, s_x, torch.zeros(2), s_y)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 2, generator=gen).requires_grad_()
+    y = torch.randn(5, 2, generator=gen) + 1
+    scores = (torch.tensor([0.50000001, 0.1, 0.1, 0.1, 0.1, 0.1], dtype=torch.float64),
+              torch.full((5,), 0.9, dtype=torch.float64))
+    SROTLoss(strategy="hard")(x, y, scores=scores).backward()
+    assert float(x.grad[0].abs().max()) == 0.0 and float(x.grad[1:].abs().max()) > 0
