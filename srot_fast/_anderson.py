@@ -21,6 +21,7 @@ FAR = 1e6  # a proposal whose relative column error exceeds this (and twice the 
 STALL = 100  # updates in which the stopping error did not halve: the problem has stalled ...
 PLAIN_RUN = 60  # ... and takes this many plain steps before Anderson goes on
 QUIT = 2  # partial OT: after this many stalls with no halving between them, plain steps to the end
+QUIT_UNBALANCED = 1  # unbalanced OT (KL, TV): plain steps to the end after its first stall
 RESTART_GAP = 2  # partial OT with offsets: a bad step in the RESTART_GAP + 1 updates after a restart keeps the history
 WILD = 100  # partial OT: a proposal whose RMS distance from T(g) exceeds WILD (span + eps) is not taken (:meth:`wild`)
 
@@ -79,8 +80,8 @@ class Anderson:
     count on points of positive weight only (``mask`` (B, M)), so zero-weight padding changes nothing.
     Stall watch (:meth:`track`, :attr:`resting`): a balanced OT problem whose stopping error has not halved in
     STALL updates takes PLAIN_RUN plain steps; a partial OT problem takes plain steps to the end after QUIT such
-    stalls. ``rank_sum`` completes sums over points taken on one
-    shard of a sharded geometry (the identity otherwise)."""
+    stalls, an unbalanced one after QUIT_UNBALANCED. ``rank_sum`` completes sums over points taken on one shard
+    of a sharded geometry (the identity otherwise)."""
 
     proposes = True  # g may differ from T(g): the loop measures the column marginal too
 
@@ -126,12 +127,14 @@ class Anderson:
         """Stall watch, on the (B,) stopping error ``err`` of the current iterate (rows + columns; partial OT: its
         rows), once per update. A problem whose error has not halved in STALL updates has stalled: with
         ``watch`` (balanced OT) it takes PLAIN_RUN plain steps (``resting``), then Anderson goes on from a history
-        of plain iterates; with ``quit`` = k > 0 (partial OT) it takes plain steps to the end after k stalls with
-        no halving between them. It catches what the safeguard of :meth:`step`, which reads the row error alone,
-        lets through: proposals that keep the error flat (small problems with uneven weights; docs/DESIGN.md,
-        Acceleration). Neither on unbalanced OT: there a step whose error stays flat is kept while it raises the
-        dual objective, and plain steps in the middle of such a run cost updates; nor rests on partial OT, where
-        they cost updates on the convergence grid."""
+        of plain iterates; with ``quit`` = k > 0 (partial OT: QUIT, unbalanced OT: QUIT_UNBALANCED) it takes plain
+        steps to the end after k stalls with no halving between them. It catches what the safeguard of :meth:`step`,
+        which reads the row error alone, lets through: proposals that keep the error flat (small problems with
+        uneven weights), and on unbalanced OT a cycle of restarts, each followed by a two-entry extrapolation that
+        raises the error by orders of magnitude at an unchanged dual objective (docs/DESIGN.md, Acceleration). No
+        rests on unbalanced OT, where a step whose error stays flat is kept while it raises the dual objective and
+        plain steps in the middle of such a run cost updates, nor on partial OT, where they cost updates on the
+        convergence grid."""
         if not (self.watch or self.quit):
             return
         if self.native:

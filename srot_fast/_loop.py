@@ -30,7 +30,19 @@ from typing import Optional, Sequence
 
 import torch
 
-from ._anderson import FAR, PLAIN_RUN, QUIT, RESTART_GAP, STALL, WILD, Anderson, Plain, _cpu_ops, _identity
+from ._anderson import (
+    FAR,
+    PLAIN_RUN,
+    QUIT,
+    QUIT_UNBALANCED,
+    RESTART_GAP,
+    STALL,
+    WILD,
+    Anderson,
+    Plain,
+    _cpu_ops,
+    _identity,
+)
 from .geometry import compiled_library
 from .penalties import Penalty
 
@@ -403,8 +415,9 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         t = geom.softmin_y(log_a + f / eps, eps)
         g_hat = pen_b.aprox(t, eps)
         g = stepper.step(g, g_hat, row, done, value)
-        if translate:  # KL: its safeguard proposes no far or resting steps; the columns are measured after its step
-            pass
+        if translate:  # KL: no far steps under its safeguard, resting ones after its stalls (Anderson.track); the
+            # columns are measured after its step
+            g = torch.where(stepper.resting[:, None] & ~done[:, None], g_hat, g)
         elif stepper.proposes and rebalance is None:  # an accelerated g leaves the column marginal off: measured
             col = marginal_error(log_b, g, t, g_hat, eps, psum, native) / mass_b
             far = stepper.replaced(col, done)  # take T(g) instead
@@ -452,9 +465,10 @@ def _stepper(geom, log_b, pen_a, pen_b, f, accelerate: bool, native: bool):
     offsets = getattr(real, "u", None) is not None or getattr(real, "v", None) is not None
     by_value = not (pen_a.balanced and pen_b.balanced) or (rebalance is not None and offsets)
     gap = RESTART_GAP if rebalance is not None and offsets else 0
-    partial = rebalance is not None  # stall watch: rests on balanced OT, quitting on partial OT
+    partial = rebalance is not None  # stall watch: rests on balanced OT, quitting on partial and unbalanced OT
+    quit = QUIT if partial else QUIT_UNBALANCED if by_value else 0
     return Anderson(f.shape[0], f, mask, rank_sum=_rank_sum(geom), by_value=by_value, restart_gap=gap,
-                    watch=not (partial or by_value), quit=QUIT if partial else 0, native=native,
+                    watch=not (partial or by_value), quit=quit, native=native,
                     span=_span(real) if partial else None)
 
 

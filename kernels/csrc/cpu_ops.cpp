@@ -1525,13 +1525,14 @@ template <typename T> void loop_problem(const LoopArgs& A, int64_t b, int nthrea
       anderson_step<T>(g, ghat, &row, A.by_value ? &value : nullptr, &not_done, A.mask + b * m,
                        A.images + b * k1 * m, A.resid + b * k1 * m, A.inner + b * k1 * k1, A.valid + b * k1,
                        A.best + b, A.top + b, A.since + b, 1, k1, m, w, A.gap, gnew.data());
-      std::memcpy(g, gnew.data(), sizeof(T) * m);
+      const bool quitted = A.quit > 0 && A.stalls[b] >= A.quit;  // (Anderson.resting without a watch)
+      std::memcpy(g, A.translate && quitted ? ghat : gnew.data(), sizeof(T) * m);
       if (!A.translate) {  // an accelerated g leaves the column marginal off: measured; too far or resting: T(g)
         marginal_error<T>(lb, g, t, A.kind_b == 0 ? nullptr : ghat, 1, m, eps, &col);
         col /= A.mass_b[b];
         uint8_t far = 0;
         srot_replaced(&col, &not_done, A.best + b, A.valid + b * k1, A.rest + b, A.stalls + b, 1, k1, w,
-                      A.far_limit, int(A.by_value), 0, &far);
+                      A.far_limit, int(A.by_value), A.quit, &far);
         if (far) {
           std::memcpy(g, ghat, sizeof(T) * m);
           col = 0.0;
