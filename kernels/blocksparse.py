@@ -108,8 +108,13 @@ CPU_LIBRARY = True  # on CPU this backend runs in the compiled library of cpu_op
 
 
 def _threshold_from_env() -> float:
+    """SROT_BLOCKSPARSE_THRESHOLD as a float (1e-12 where unset; NaN where it is no number: the passes of this
+    backend then raise a ValueError naming it, and the other backends stay usable)."""
     raw = os.environ.get("SROT_BLOCKSPARSE_THRESHOLD")
-    return 1e-12 if not raw else float(raw)
+    try:
+        return 1e-12 if not raw else float(raw)
+    except ValueError:
+        return math.nan
 
 
 THRESHOLD = _threshold_from_env()  # relative mass a pass may drop per row
@@ -400,7 +405,9 @@ def _on_gpu(x: torch.Tensor):
 def _check(x, y, h=None, p=1) -> Optional[int]:
     B = check_operands(x, y, h, p, allow_empty=True, allow_batch=True)
     if not 0 < THRESHOLD <= 1e-3:
-        raise ValueError(f"blocksparse.THRESHOLD (SROT_BLOCKSPARSE_THRESHOLD) must be in (0, 1e-3], got {THRESHOLD}")
+        got = THRESHOLD if THRESHOLD == THRESHOLD else repr(os.environ.get("SROT_BLOCKSPARSE_THRESHOLD"))
+        raise ValueError(f"blocksparse.THRESHOLD (SROT_BLOCKSPARSE_THRESHOLD) must be a number in (0, 1e-3], "
+                         f"got {got}")
     return B
 
 

@@ -431,3 +431,17 @@ def test_srotloss_soft_on_blocksparse(p):
     torch.testing.assert_close(out["blocksparse"][0], out["cpu"][0], **TOL)
     for got, want in zip(out["blocksparse"][1], out["cpu"][1]):
         torch.testing.assert_close(got, want, **TOL)
+
+
+def test_a_threshold_that_is_no_number_is_named(monkeypatch):
+    """SROT_BLOCKSPARSE_THRESHOLD=abc made the import of this module raise "could not convert string to float",
+    and with it every solve on every backend. Now it reads as NaN: this backend's passes raise a ValueError
+    naming the variable and its value, the other backends run."""
+    monkeypatch.setenv("SROT_BLOCKSPARSE_THRESHOLD", "abc")
+    monkeypatch.setattr(bs, "THRESHOLD", bs._threshold_from_env())
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(700, 2, generator=gen, dtype=torch.float64)
+    y = torch.rand(600, 2, generator=gen, dtype=torch.float64)
+    assert sinkhorn(x, y, p=2, eps=0.01, backend="cpu").converged
+    with pytest.raises(ValueError, match="SROT_BLOCKSPARSE_THRESHOLD.*'abc'"):
+        sinkhorn(x, y, p=2, eps=0.01, backend="blocksparse")
