@@ -70,6 +70,7 @@ class Solution:
     passes: int                   # soft-min passes launched (each covers the whole batch)
     syncs: int                    # host synchronisations spent on the stopping test
     converged: torch.Tensor       # (B,) bool: the problem met tol or value_tol
+    warned: Optional[torch.Tensor] = None  # (B,) bool: not converged, with a warning of its own (partial OT)
 
 
 def _local_sum(t: torch.Tensor) -> torch.Tensor:

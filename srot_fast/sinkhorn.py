@@ -199,8 +199,9 @@ def _check_solution(sol: _loop.Solution, inp: _Inputs, eps: float) -> None:
                       f"(float32 input), with a larger eps (blur), or with accelerate=False", ConvergenceWarning,
                       stacklevel=4)
         return
-    if inp.tol is not None and not bool(sol.converged.all()):
-        k = int(torch.where(sol.converged, -math.inf, sol.marginal_error).argmax())  # the worst problem
+    unwarned = sol.converged if sol.warned is None else sol.converged | sol.warned
+    if inp.tol is not None and not bool(unwarned.all()):
+        k = int(torch.where(unwarned, -math.inf, sol.marginal_error).argmax())  # the worst problem
         a, b = inp.a[k].detach().double(), inp.b[k].detach().double()
         f, g = sol.f[k, :a.shape[-1]].double(), sol.g[k, :b.shape[-1]].double()  # partial OT: the real points
         size = 0.5 * float((a * f.abs()).sum() / a.sum() + (b * g.abs()).sum() / b.sum())
@@ -267,6 +268,8 @@ def _fit_partial(geom: Geometry, inp: _Inputs, eps, eps_list, init, mass_a, mass
     # the column soft-min of the augmented problem at the final f (the loop's t may predate the last
     # rebalancing shift of f), from the real one: no extra pass
     t_aug = pgeom._augment(t_real, aa.log() + sol.f / eps, eps)
+    if inp.tol is not None:
+        _check_partial_columns(sol, bb, t_aug, eps, inp.tol)
     value, ga_aug, gb_aug = _dual_value(aa, bb, sol.f, sol.g, sol.s, t_aug, pen_a, pen_b, eps, grads)
     ga = gb = None
     if grads:
@@ -274,6 +277,26 @@ def _fit_partial(geom: Geometry, inp: _Inputs, eps, eps_list, init, mass_a, mass
         gb = gb_aug[:, :-1] + ga_aug[:, -1:]
     f_hat, g_hat = pen_a.aprox(sol.s, eps)[:, :-1], pen_b.aprox(t_aug, eps)[:, :-1]
     return _Fit(f, g, s_real, t_real, value, ga, gb, f_hat, g_hat, sol.passes + 2, sol)
+
+
+def _check_partial_columns(sol: _loop.Solution, bb: torch.Tensor, t_aug: torch.Tensor, eps: float, tol: float) -> None:
+    """Partial OT's stopping test reads the rows of its augmented problem. With a single source point of positive
+    weight the rebalancing step leaves those rows exact whatever g is, and the test passed after 9 updates a
+    solution whose columns were 57 % off (value 0.0160 for 0.0202). A problem reported converged whose column
+    error at the final f (from t_aug (B, M + 1), the augmented column soft-min: no pass) exceeds VALUE_SPAN tol
+    (the most a value test may leave) is marked not converged, its error the sum of both, with a
+    ConvergenceWarning. Elsewhere the final column error stays about the row error (at most 1.2 tol on the
+    convergence grid's partial OT cases)."""
+    col = _loop.marginal_error(bb.log(), sol.g, t_aug, t_aug, eps) / bb.sum(-1)
+    off = sol.converged & (col > _loop.VALUE_SPAN * tol)
+    if bool(off.any()):
+        k = int(torch.where(off, col, -math.inf).argmax())
+        sol.converged, sol.warned = sol.converged & ~off, off
+        sol.marginal_error = torch.where(off, sol.marginal_error + col, sol.marginal_error)
+        warnings.warn(f"partial OT: the result met tol={tol:g} on the rows of its augmented problem but its columns "
+                      f"are off by {float(col[k]):.2e} (relative), so it is marked not converged; with a single "
+                      f"source point of positive weight the rows cannot tell: swap x and y (partial OT is "
+                      f"symmetric)", ConvergenceWarning, stacklevel=5)
 
 
 def _saved(geom: Geometry, inp: _Inputs, fit: _Fit, eps: float, rows: bool, cols: bool) -> Saved:
@@ -361,9 +384,9 @@ def sinkhorn(
         diameter: the data diameter for eps-scaling (default: diagonal of the bounding box of the points
             of positive weight).
         tol: stop when every problem's relative L1 marginal error (rows plus columns; partial OT: the rows of
-            its augmented problem; docs/DESIGN.md, Stopping rule) is <= tol. ``None``: GeomLoss's fixed
-            schedule (one averaged update per eps, then one extrapolation; no stopping test), with GeomLoss's
-            value formula (for probability weights it equals the dual objective at the fixed point). In
+            its augmented problem, its columns checked once at the end; docs/DESIGN.md, Stopping rule) is
+            <= tol. ``None``: GeomLoss's fixed schedule (one averaged update per eps, then one extrapolation; no
+            stopping test), with GeomLoss's value formula (for probability weights it equals the dual objective at the fixed point). In
             float32, tight tolerances at small eps take several times float64's updates or are out of reach:
             rounding the potentials moves the error by about 1.2e-7 mean|f| / eps (README.md; the
             ConvergenceWarning says when that is the limit).
