@@ -386,10 +386,10 @@ def sinkhorn(
         tol: stop when every problem's relative L1 marginal error (rows plus columns; partial OT: the rows of
             its augmented problem, its columns checked once at the end; docs/DESIGN.md, Stopping rule) is
             <= tol. ``None``: GeomLoss's fixed schedule (one averaged update per eps, then one extrapolation; no
-            stopping test), with GeomLoss's value formula (for probability weights it equals the dual objective at the fixed point). In
-            float32, tight tolerances at small eps take several times float64's updates or are out of reach:
-            rounding the potentials moves the error by about 1.2e-7 mean|f| / eps (README.md; the
-            ConvergenceWarning says when that is the limit).
+            stopping test), with GeomLoss's value formula (for probability weights it equals the dual objective
+            at the fixed point). In float32, tight tolerances at small eps take several times float64's updates
+            or are out of reach: rounding the potentials moves the error by about 1.2e-7 mean|f| / eps
+            (README.md; the ConvergenceWarning says when that is the limit).
         max_iter: cap on all updates, eps-scaling included (a longer eps schedule is thinned to fit). 0: no
             update; the value is then that of the exact row update for the starting g (a lower bound). Not
             read with ``tol=None``, which runs GeomLoss's whole schedule.
