@@ -1484,14 +1484,19 @@ def test_a_result_that_cannot_be_resolved_is_not_converged(backend, max_iter):
         assert float(res.plan().sum()) == pytest.approx(0.6, abs=1e-6)
 
 
+def _small_soft_problem(seed: int):
+    """A small float32 soft SROT problem: 5-79 x 5-79 points in 2-D (y shifted by 1), uniform scores."""
+    gen = torch.Generator().manual_seed(seed)
+    n, m = int(torch.randint(5, 80, (1,), generator=gen)), int(torch.randint(5, 80, (1,), generator=gen))
+    x, y = torch.randn(n, 2, generator=gen), torch.randn(m, 2, generator=gen) + 1
+    return x, y, (torch.rand(n, generator=gen), torch.rand(m, generator=gen))
+
+
 def test_float32_potentials_too_large_to_resolve_warn():
     """Soft SROT partial OT in float32 whose potentials reached 1.5e4 at eps = 0.0025 (a rounding unit of 0.7 eps):
     the plan's mass was 0.61 against 0.9 while the error read 0. Not converged, with a warning naming float32; the
     float64 solve of the same data converges to mass 0.9."""
-    gen = torch.Generator().manual_seed(34)
-    n, m = int(torch.randint(5, 80, (1,), generator=gen)), int(torch.randint(5, 80, (1,), generator=gen))
-    x, y = torch.randn(n, 2, generator=gen), torch.randn(m, 2, generator=gen) + 1
-    scores = (torch.rand(n, generator=gen), torch.rand(m, generator=gen))
+    x, y, scores = _small_soft_problem(34)
     for dtype in (torch.float32, F64):
         loss = SROTLoss(strategy="soft", mass=0.9, debias=False)
         with warnings.catch_warnings(record=True) as caught:
@@ -1549,10 +1554,7 @@ def test_float32_soft_partial_ot_is_right_when_converged():
     most 1 is allowed (a margin for another CPU's rounding), within 0.015 of 0.9."""
     wrong = []
     for seed in range(200):
-        gen = torch.Generator().manual_seed(seed)
-        n, m = int(torch.randint(5, 80, (1,), generator=gen)), int(torch.randint(5, 80, (1,), generator=gen))
-        x, y = torch.randn(n, 2, generator=gen), torch.randn(m, 2, generator=gen) + 1
-        scores = (torch.rand(n, generator=gen), torch.rand(m, generator=gen))
+        x, y, scores = _small_soft_problem(seed)
         for p in (1, 2):
             loss = SROTLoss(p=p, blur=0.05, strategy="soft", mass=0.9, debias=False)
             with warnings.catch_warnings():
