@@ -373,12 +373,14 @@ def alternating(geom, log_a, log_b, pen_a: Penalty, pen_b: Penalty, eps_list: Se
         n_iter += extra
     t = err = None
     resumed = col is not None  # a compacted batch goes on: its first look was the last look of the batch before
-    if col is None and need_t and rebalance is None:  # the first look reads the columns of (f, g) too: one pass,
-        # which serves as the final t where the solve stops there (a start, warm or after eps-scaling, is no update)
+    if col is None and need_t:  # the first look reads the columns of (f, g) too: one pass, which serves as the
+        # final t where the solve stops there (a start, warm or after eps-scaling, is no update). Partial OT too,
+        # whose later looks read its rows only: after its start's dummy updates and rebalancing step the rows of a
+        # problem with one real row read exact whatever g is
         t = geom.softmin_y(log_a + f / eps, eps)
         col = marginal_error(log_b, g, t, pen_b.aprox(t, eps), eps, psum, native) / mass_b
         passes += 1
-    elif col is None:  # a loose solve, partial OT: the first look reads the rows only
+    elif col is None:  # a loose solve: the first look reads the rows only
         col = torch.zeros_like(mass_a)
     it = it0 = int(n_iter.max())
     partial = getattr(geom, "real", None) is not None  # (plain updates of partial OT: no rebalancing step)
@@ -565,7 +567,7 @@ def _compiled_loop(geom, log_a, log_b, pen_a, pen_b, eps, tol, enter_tol, value_
     last = None
     if partial:  # the real part of the row soft-min at g (rebalanced), as the rebalancing step reads it
         last = (torch.empty_like(f[:, :-1]) if geom._last_real is None else geom._last_real).contiguous().clone()
-    t_none = t is None  # (partial OT and loose solves: the first look reads the rows only)
+    t_none = t is None  # (loose solves: the first look reads the rows only)
     state = {"f": f.contiguous().clone(), "g": g.contiguous().clone(), "s": s.contiguous().clone(),
              "t": torch.zeros_like(g).contiguous() if t_none else t.contiguous().clone(),
              "col": col.double().contiguous().clone(), "err": torch.zeros_like(mass_a),

@@ -280,9 +280,10 @@ def _fit_partial(geom: Geometry, inp: _Inputs, eps, eps_list, init, mass_a, mass
 
 
 def _check_partial_columns(sol: _loop.Solution, bb: torch.Tensor, t_aug: torch.Tensor, eps: float, tol: float) -> None:
-    """Partial OT's stopping test reads the rows of its augmented problem. With a single source point of positive
-    weight the rebalancing step leaves those rows exact whatever g is, and the test passed after 9 updates a
-    solution whose columns were 57 % off (value 0.0160 for 0.0202). A problem reported converged whose column
+    """Partial OT's stopping test reads the rows of its augmented problem after its first look. With a single
+    source point of positive weight the rebalancing step leaves those rows exact whatever g is, and a solve
+    whose first look read the rows only stopped with its columns 57 % off (value 0.0160 for 0.0202): a guard
+    against what the rows cannot see. A problem reported converged whose column
     error at the final f (from t_aug (B, M + 1), the augmented column soft-min: no pass) exceeds VALUE_SPAN tol
     (the most a value test may leave) is marked not converged, its error the sum of both, with a
     ConvergenceWarning. Elsewhere the final column error stays about the row error (at most 1.2 tol on the
@@ -294,9 +295,9 @@ def _check_partial_columns(sol: _loop.Solution, bb: torch.Tensor, t_aug: torch.T
         sol.converged, sol.warned = sol.converged & ~off, off
         sol.marginal_error = torch.where(off, sol.marginal_error + col, sol.marginal_error)
         warnings.warn(f"partial OT: the result met tol={tol:g} on the rows of its augmented problem but its columns "
-                      f"are off by {float(col[k]):.2e} (relative), so it is marked not converged; with a single "
-                      f"source point of positive weight the rows cannot tell: swap x and y (partial OT is "
-                      f"symmetric)", ConvergenceWarning, stacklevel=5)
+                      f"are off by {float(col[k]):.2e} (relative), so it is marked not converged; raise max_iter or "
+                      f"lower tol, or swap x and y (partial OT is symmetric) where x has few points",
+                      ConvergenceWarning, stacklevel=5)
 
 
 def _saved(geom: Geometry, inp: _Inputs, fit: _Fit, eps: float, rows: bool, cols: bool) -> Saved:

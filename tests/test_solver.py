@@ -529,9 +529,9 @@ def test_compiled_loop_without_columns_equals_the_torch_loop(monkeypatch):
 
 @_COMPILED
 def test_compiled_partial_batch_counts_passes_as_the_torch_loop(monkeypatch):
-    """A partial OT batch where one problem takes no update at the target eps and the other does: the compiled
-    solve computes the first one's column soft-min apart but counts the passes as the torch loop, whose column
-    passes computed it for both."""
+    """A partial OT batch at a large eps and a loose tol (one of its problems once took no update at the target
+    eps): the compiled solve and the torch loop take the same updates and count the same passes, the first look
+    reading the columns of both problems."""
     from srot_fast import _loop
 
     gen = torch.Generator().manual_seed(16)
@@ -544,7 +544,7 @@ def test_compiled_partial_batch_counts_passes_as_the_torch_loop(monkeypatch):
         monkeypatch.setattr(_loop, "COMPILED_LOOP", compiled)
         runs.append(sinkhorn(x, y, a, b, p=2, eps=0.5, mass=0.05, tol=1e-2, backend="cpu"))
     want, got = runs
-    assert torch.equal(got.n_iter, want.n_iter) and len(set(want.n_iter.tolist())) > 1
+    assert torch.equal(got.n_iter, want.n_iter)
     assert got.passes == want.passes
     for name in ("f", "g", "value", "row_mass", "col_mass"):
         torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=1e-12, atol=1e-12)
@@ -1611,9 +1611,10 @@ def test_unbalanced_ot_quits_a_cycle_of_restarts(backend):
 
 def test_partial_ot_with_one_source_point_is_not_passed_on_its_rows():
     """Partial OT's stopping test reads the rows of its augmented problem; with a single source point the
-    rebalancing step leaves them exact whatever g is, and a solve stopped after 9 updates reported converged
-    with value 0.0160 and columns 57 % off. It is now marked not converged with a warning that says to swap x
-    and y; swapped, the solve converges to the value of plain updates (0.0202191, tol 1e-10: 4726 updates)."""
+    rebalancing step leaves them exact whatever g is, and a solve stopped at its first look, reported converged
+    with value 0.0160 and columns 57 % off. The first look reads the columns too, and a result whose columns
+    are off after the solve is marked not converged with a warning: either way no wrong value reads converged.
+    The value of plain updates (tol 1e-10: 4726 updates) and of the swapped problem: 0.0202191."""
     gen = torch.Generator().manual_seed(2)
     x = torch.tensor([[0.5, 0.5]], dtype=F64)
     y = torch.rand(2000, 2, generator=gen, dtype=F64)
@@ -1623,7 +1624,6 @@ def test_partial_ot_with_one_source_point_is_not_passed_on_its_rows():
         res = sinkhorn(x, y, **kw)
     messages = [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)]
     assert not res.converged or float(res.value) == pytest.approx(0.0202191, rel=1e-5)
-    if not res.converged:
-        assert len(messages) == 1 and "swap x and y" in messages[0]
+    assert res.converged == (not messages)
     swapped = sinkhorn(y, x, **kw)
     assert swapped.converged and float(swapped.value) == pytest.approx(0.0202191, rel=1e-5)

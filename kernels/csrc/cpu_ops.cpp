@@ -1648,8 +1648,7 @@ template <typename T> void partial_problem(const LoopArgs& A, int64_t b, int nth
 // pass followed by the dummy points' closed forms, and each loop starts with the dummy updates and the rebalancing
 // step. Writes f, g, s, t (the column soft-min at the final f; where a problem took no update and need_t is off,
 // zeros), col, err, done, n_iter (+= every update), updates (those of the target loop), last (partial OT) and
-// passes (those of a batch: a t computed for the problems that took no update, partial OT, counts only where no
-// problem updated, as in the reference, whose column passes computed it for every problem).
+// passes (those of a batch).
 template <typename T> void solve(const LoopArgs& A) {
   const bool partial = A.last != nullptr;
   const int64_t nb = A.nb, n = A.n, m = A.m, ne = A.n_eps, len = std::max(n, m);
@@ -1752,7 +1751,7 @@ template <typename T> void solve(const LoopArgs& A) {
     for (int64_t b = 0; b < nb; ++b) extra[b] += sub_updates[b];
   }
   const double e = A.eps;  // the target
-  const bool look_t = A.need_t && !partial;  // the first look reads the columns too (partial OT: its rows only)
+  const bool look_t = A.need_t;  // the first look reads the columns too
   each(A, [&](int64_t b, int nt) {
     const auto sl = slices<T>(A, b, nr, mr);
     Work w = work(b);
@@ -1777,15 +1776,7 @@ template <typename T> void solve(const LoopArgs& A) {
   F.steps = F.slot = 0;
   each(A, [&](int64_t b, int nt) { loop(F, b, nt); });
   passes += 2 * most(A.updates);
-  if (partial && A.need_t && std::find(A.updates, A.updates + nb, 0) != A.updates + nb) {
-    each(A, [&](int64_t b, int nt) {  // the column soft-min where a problem took no update
-      if (A.updates[b] != 0) return;
-      const auto sl = slices<T>(A, b, nr, mr);
-      Work w = work(b);
-      cols(sl, sl.f, e, sl.t, w, nt);
-    });
-    if (most(A.updates) == 0) passes += 1;
-  }
+
   *A.passes = passes;
 }
 
