@@ -82,10 +82,11 @@ class SROTLoss(nn.Module):
         ce_floor: smallest cross-entropy in the soft offsets (offsets <= gamma / ce_floor).
         warm_start: start each call's solves (the transport and, with ``debias``, the two debiasing terms) from
             the previous call's potentials when the shapes match (gradient flows, where consecutive problems are
-            close); skips eps-scaling. Call ``reset()`` to forget them. Off by default (unrelated batches gain
-            nothing). With ``tol=None`` the fixed schedule without eps-scaling is one update per call, at the
-            target eps: the value then lags the problem (2 % on a slowly moving flow); pair warm starts with a
-            tolerance.
+            close); skips eps-scaling. Call ``reset()`` to forget them. Off by default: a start from an unrelated
+            batch (fresh minibatches, rescaled points) can cost several times a cold solve's updates, and where
+            it does not converge within max_iter the call solves cold (both costs are spent). With ``tol=None``
+            the fixed schedule without eps-scaling is one update per call, at the target eps: the value then lags
+            the problem (2 % on a slowly moving flow); pair warm starts with a tolerance.
         precision, autotune: the Triton backend's ``tl.dot`` precision ('tf32x3', 'ieee' or 'tf32'; None:
             ``SROT_TRITON_DOT_PRECISION``, else 'tf32x3') and block-size autotuning (None:
             ``SROT_TRITON_AUTOTUNE``), as in :func:`srot_fast.sinkhorn`. The other backends ignore them
@@ -281,10 +282,26 @@ class SROTLoss(nn.Module):
         return self.tau is None or self.tau[0] == self.tau[1]
 
     def _solve(self, x, y, a, b, u, v, diam, init=None, self_transport=False):
-        return _solve(x, y, a, b, p=self.p, eps=self.eps, penalty=self.penalty, tau=self.tau, mass=self.mass,
-                      u=u, v=v, scaling=self.scaling, diameter=diam, tol=self.tol, max_iter=self.max_iter,
-                      backend=self._backend(x), init=init, self_transport=self_transport, value_tol=self.value_tol,
-                      precision=self.precision, autotune=self.autotune, checked=True)
+        """One term's solve; a warm start (``init``) that does not converge is dropped for a cold solve, so that
+        potentials kept from an unrelated batch (a fresh minibatch, rescaled points) cost at most one cold solve
+        more and are never passed on (at blur 0.01 such starts ran to max_iter, each from the last one's
+        unconverged potentials)."""
+        def solve(start):
+            return _solve(x, y, a, b, p=self.p, eps=self.eps, penalty=self.penalty, tau=self.tau, mass=self.mass,
+                          u=u, v=v, scaling=self.scaling, diameter=diam, tol=self.tol, max_iter=self.max_iter,
+                          backend=self._backend(x), init=start, self_transport=self_transport,
+                          value_tol=self.value_tol, precision=self.precision, autotune=self.autotune, checked=True)
+
+        if init is None:
+            return solve(None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            res = solve(init)
+        if bool(torch.as_tensor(res.converged).all()):
+            for w in caught:  # the warm solve's other warnings, as they were
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            return res
+        return solve(None)
 
     def _init(self, kept: Optional[tuple], a: torch.Tensor, b: torch.Tensor) -> Optional[tuple]:
         """With ``warm_start``, the potentials ``kept`` from the previous call's solve of the same term where they fit
