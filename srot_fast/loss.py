@@ -8,6 +8,7 @@ the dual objective of the entropic problem at potentials solved to ``tol``.
 """
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Optional
 
@@ -93,7 +94,8 @@ class SROTLoss(nn.Module):
             (they compute in the input dtype).
 
     After a call, ``last_result`` holds the :class:`SinkhornResult` of the cross problem (for a batch,
-    per-problem ``n_iter`` and ``marginal_error`` tensors), e.g. to read ``backend`` or ``row_mass``.
+    per-problem ``n_iter`` and ``marginal_error`` tensors), e.g. to read ``backend`` or ``row_mass``; its
+    ``value`` is detached, so that it keeps no autograd graph (and no activations) alive between calls.
     Second-order derivatives (double backward) raise a RuntimeError; forward-mode AD and torch.func transforms
     (vmap, grad, jvp) a NotImplementedError.
 
@@ -344,7 +346,7 @@ class SROTLoss(nn.Module):
         res = self._solve(x, y, a, b, u, v, diam, self._init(self._warm, a, b))
         if self.warm_start:
             self._warm = (res.f.detach(), res.g.detach())
-        self.last_result = res
+        self.last_result = dataclasses.replace(res, value=res.value.detach())  # (it must not keep the graph alive)
         if self.verbose:
             its, err = torch.as_tensor(res.n_iter), torch.as_tensor(res.marginal_error)
             print(f"SROTLoss: {res.backend}, updates {its.tolist()}, marginal error {float(err.max()):.2e}, "

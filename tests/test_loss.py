@@ -297,3 +297,19 @@ def test_a_warm_start_that_does_not_converge_solves_cold():
         x, y = torch.randn(200, 2, generator=gen), 0.5 * torch.randn(200, 2, generator=gen) + 1
         got = float(warm(x, y))  # (a ConvergenceWarning fails the test: pytestmark)
         assert got == pytest.approx(float(cold(x, y)), rel=1e-6)
+
+
+def test_last_result_keeps_no_graph_alive():
+    """last_result.value held the autograd graph of the inputs until the next call, and with it a generator's
+    activations; it is detached now: the activations go once the caller drops them."""
+    import gc
+    import weakref
+
+    loss = SROTLoss()
+    feat = torch.randn(64, 50, requires_grad=True)
+    x = feat @ torch.randn(50, 2) / 10  # the graph saves feat
+    loss(x, torch.randn(70, 2)).backward()
+    alive = weakref.ref(feat)
+    del feat, x
+    gc.collect()
+    assert alive() is None and not loss.last_result.value.requires_grad
