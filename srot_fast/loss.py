@@ -204,6 +204,9 @@ class SROTLoss(nn.Module):
         a, x, b, y = self._split_args(args)
         x = _checks.check_points(x, "x", batched=True)
         y = _checks.check_points(y, "y", batched=True)
+        if x.dtype != y.dtype and torch.is_autocast_enabled(x.device.type):  # e.g. a bfloat16 network output
+            common = torch.promote_types(x.dtype, y.dtype)  # against float32 data: both in the wider dtype
+            x, y = x.to(common), y.to(common)
         _checks.check_pair(x, y)
         a = _checks.check_weights(a, x, "a")
         b = _checks.check_weights(b, y, "b")

@@ -450,6 +450,27 @@ def test_srotloss_under_cpu_autocast_bfloat16(backend):
     assert torch.isfinite(g16).all() and float((g16.float() - g32).abs().max()) <= 5e-2 * float(g32.abs().max())
 
 
+def test_srotloss_under_autocast_takes_mixed_dtypes_in_the_wider_one():
+    """Under autocast a network's bfloat16 output meets float32 data (SamplesLoss accepts it; SROTLoss raised
+    "x and y must have the same dtype"): both are taken in float32, the value is float32 and equals the loss of
+    the float32 copy of the output (1e-6 relative), and the gradient reaches the network. Outside autocast
+    mixed dtypes still raise."""
+    gen = torch.Generator().manual_seed(0)
+    z, y = torch.randn(40, 5, generator=gen), torch.randn(33, 3, generator=gen) + 0.5
+    torch.manual_seed(0)
+    net = torch.nn.Linear(5, 3)
+    loss = SROTLoss(p=2, blur=0.2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        x = net(z)
+        value = loss(x, y)
+    assert x.dtype == torch.bfloat16 and value.dtype == torch.float32
+    assert float(value) == pytest.approx(float(loss(x.detach().float(), y)), rel=1e-6)
+    (grad,) = torch.autograd.grad(value, net.weight)
+    assert torch.isfinite(grad).all() and float(grad.abs().max()) > 0
+    with pytest.raises(TypeError, match="same dtype"):
+        loss(x.detach(), y)
+
+
 @pytest.mark.parametrize("kw,scores", [(dict(gamma=1e38), "random"), (dict(ce_floor=1e-300), "certain")])
 def test_soft_offsets_that_overflow_name_gamma_and_ce_floor(kw, scores):
     """Soft SROT offsets gamma / CE beyond float32 are refused naming gamma and ce_floor (the user passed no u, v)."""
