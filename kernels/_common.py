@@ -155,8 +155,15 @@ def check_operands(
     Unbatched: x (N, D), y (M, D), optional log-weights h (M,). With ``allow_batch``, also batched: x (B, N, D),
     y (B, M, D), h (B, M) with one B >= 0; one batched operand makes all of them batched, and mixing the two is
     an error. The cost exponent p must be 1 or 2; N = 0 or M = 0 only with ``allow_empty``. Anything else is a
-    ValueError naming the arguments and their shapes.
+    ValueError naming the arguments and their shapes; points that are not real floating tensors of one dtype, or
+    log-weights that are not real floating, a TypeError. Values are not checked here (NaN, eps): the solver
+    checks its inputs once, and the passes run every update.
     """
+    for name, t in (("x", x), ("y", y), ("h", h)):
+        if t is not None and (not t.is_floating_point()):
+            raise TypeError(f"{name} must be a real floating tensor, got {t.dtype}")
+    if x.dtype != y.dtype:
+        raise TypeError(f"x and y must have one dtype, got {x.dtype} and {y.dtype}")
     batched = allow_batch and (x.dim() == 3 or y.dim() == 3 or (h is not None and h.dim() == 2))
     if batched:
         if x.dim() != 3 or y.dim() != 3 or (h is not None and h.dim() != 2):

@@ -792,3 +792,20 @@ def test_all_names_resolve(module):
     for name in ("softmin", "weighted_mean", "plan_argmax", "max_cost"):
         assert name in mod.__all__
     assert all(callable(getattr(mod, name)) for name in mod.__all__)
+
+
+@pytest.mark.parametrize("module", ["tensorized", "cpu_ops", "blocksparse"])
+def test_operands_of_a_wrong_dtype_are_named(module):
+    """Integer, complex or mixed-dtype points gave torch-internal errors ("cdist only supports floating-point
+    dtypes", "expected scalar type Float but found Double") or, on the tensorized pass, a silent complex result;
+    every pass now raises a TypeError naming the argument."""
+    import importlib
+
+    ops = importlib.import_module(f"srot_fast.kernels.{module}")
+    x, y, h = torch.zeros(3, 2), torch.ones(4, 2), torch.zeros(4)
+    for bad, match in [((x.long(), y.long(), h), "x must be a real floating"),
+                       ((x.to(torch.complex64), y.to(torch.complex64), h), "x must be a real floating"),
+                       ((x, y.double(), h), "x and y must have one dtype"),
+                       ((x, y, h.long()), "h must be a real floating")]:
+        with pytest.raises(TypeError, match=match):
+            ops.softmin(*bad, 0.5, 2)
