@@ -77,16 +77,22 @@ def _local_sum(t: torch.Tensor) -> torch.Tensor:
     return t.sum(-1)
 
 
+def _comm(geom):
+    """The ``comm`` of a sharded geometry, or of the geometry a partial one wraps (srot_fast.distributed); None
+    for an unsharded one."""
+    return getattr(geom, "comm", None) or getattr(getattr(geom, "real", None), "comm", None)
+
+
 def _rank_sum(geom):
-    """Completes sums over points already taken on this shard: summed over the ranks of a sharded geometry
-    (its ``comm``, or that of the geometry a partial one wraps; srot_fast.distributed), the identity otherwise."""
-    comm = getattr(geom, "comm", None) or getattr(getattr(geom, "real", None), "comm", None)
+    """Completes sums over points already taken on this shard: summed over the ranks of a sharded geometry, the
+    identity otherwise."""
+    comm = _comm(geom)
     return comm.sum if comm is not None else _identity
 
 
 def _rank_max(geom):
-    """Maximum over the ranks of a sharded geometry (or of the one a partial geometry wraps), else the identity."""
-    comm = getattr(geom, "comm", None) or getattr(getattr(geom, "real", None), "comm", None)
+    """Maximum over the ranks of a sharded geometry, else the identity."""
+    comm = _comm(geom)
     return comm.max if comm is not None else _identity
 
 
@@ -514,9 +520,7 @@ def _span(geom) -> float:
     ext = [pts.amax(0) if len(pts) else none, -pts.amin(0) if len(pts) else none]
     ext += [t.abs().amax().double().reshape(1) if t is not None and t.numel() else pts.new_zeros(1)
             for t in (geom.u, geom.v)]
-    ext = torch.cat(ext)
-    if getattr(geom, "comm", None) is not None:  # the same bound on every rank
-        ext = geom.comm.max(ext)
+    ext = _rank_max(geom)(torch.cat(ext))  # the same bound on every rank
     diam = float((ext[:d] + ext[d:2 * d]).clamp_min(0).norm())
     return diam ** geom.p + float(ext[2 * d:].sum())
 

@@ -303,7 +303,7 @@ class SROTLoss(nn.Module):
             warnings.simplefilter("always")
             res = solve(init)
         if bool(torch.as_tensor(res.converged).all()):
-            for w in caught:  # the warm solve's other warnings, as they were
+            for w in caught:  # the warm solve's warnings, as they were
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             return res
         return solve(None)
