@@ -290,13 +290,14 @@ def test_loss_passes_precision_to_the_triton_launchers(monkeypatch):
 def test_a_warm_start_that_does_not_converge_solves_cold():
     """warm_start on unrelated batches of one size (fresh minibatches) at blur 0.01: starts from the last batch's
     potentials ran to max_iter with a ConvergenceWarning, and each failed call's potentials started the next
-    (one value 46x the cold one's). Such a call now solves cold: the values of a cold loss, no warning."""
+    (one value 46x the cold one's). Such a call now solves cold: the values of a cold loss, no warning. (Where a
+    warm start does converge, on another CPU, the two values differ by the solves' tolerance: 1e-3 relative.)"""
     gen = torch.Generator().manual_seed(1)
     warm, cold = SROTLoss(blur=0.01, warm_start=True), SROTLoss(blur=0.01)
     for _ in range(3):
         x, y = torch.randn(200, 2, generator=gen), 0.5 * torch.randn(200, 2, generator=gen) + 1
         got = float(warm(x, y))  # (a ConvergenceWarning fails the test: pytestmark)
-        assert got == pytest.approx(float(cold(x, y)), rel=1e-6)
+        assert got == pytest.approx(float(cold(x, y)), rel=1e-3)
 
 
 def test_last_result_keeps_no_graph_alive():
